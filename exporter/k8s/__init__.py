@@ -1,0 +1,1 @@
+"""Kubernetes integration: pod attribution (kubelet pod-resources, cgroups) and pod discovery."""

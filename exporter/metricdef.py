@@ -1,0 +1,133 @@
+"""Metric declarations attached to reading fields, and the renderer that walks them.
+
+A reading is a frozen dataclass whose fields carry their metric in the field metadata,
+so a quantity is named, typed and documented exactly once. `None` means the GPU or
+engine cannot provide it: the series is left out, never exported as zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, Literal
+
+Kind = Literal["gauge", "counter", "info", "histogram"]
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    """One exposed metric family. Counters are named with their `_total` suffix."""
+
+    name: str
+    kind: Kind
+    help: str
+    label: str | None = None  # extra label when the field holds a mapping key -> value
+    unit: str = ""
+
+
+def gauge(name: str, help: str, *, label: str | None = None) -> Any:
+    return field(default=None, metadata={"metric": MetricDef(name, "gauge", help, label)})
+
+
+def counter(name: str, help: str, *, label: str | None = None) -> Any:
+    assert name.endswith("_total"), name
+    return field(default=None, metadata={"metric": MetricDef(name, "counter", help, label)})
+
+
+def info(name: str, help: str) -> Any:
+    """A mapping of label -> value exposed as one `<name>` sample with value 1."""
+    assert name.endswith("_info"), name
+    return field(default=None, metadata={"metric": MetricDef(name, "info", help)})
+
+
+def histogram(name: str, help: str) -> Any:
+    return field(default=None, metadata={"metric": MetricDef(name, "histogram", help)})
+
+
+def label(default: Any = dataclasses.MISSING) -> Any:
+    """A field that becomes a label on every sample of its reading."""
+    return field(default=default, metadata={"label": True})
+
+
+def nested(of: type) -> Any:
+    """A tuple of sub-readings of class `of` (NVLink links, MIG instances, processes)."""
+    return field(default=(), metadata={"nested": True, "of": of})
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative buckets as Prometheus keeps them: (upper bound, count <= bound)."""
+
+    buckets: tuple[tuple[float, float], ...]
+    sum: float
+    count: float
+
+
+Labels = tuple[tuple[str, str], ...]
+Sample = tuple[MetricDef, Labels, Any]
+
+
+@cache
+def _plan(cls: type) -> tuple[tuple[str, str, MetricDef | None], ...]:
+    """Field walk order for a reading class: (attr, role, metric)."""
+    plan = []
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("label"):
+            plan.append((f.name, "label", None))
+        elif f.metadata.get("nested"):
+            plan.append((f.name, "nested", None))
+        elif "metric" in f.metadata:
+            plan.append((f.name, "metric", f.metadata["metric"]))
+    # labels first, so nested and metric fields see them
+    plan.sort(key=lambda p: p[1] != "label")
+    return tuple(plan)
+
+
+def samples(reading: object, base: Labels = ()) -> Iterator[Sample]:
+    """Every (metric, labels, value) a reading holds, `None` values skipped."""
+    labels = base
+    for attr, role, metric in _plan(type(reading)):
+        value = getattr(reading, attr)
+        if role == "label":
+            if value is not None:
+                labels = (*labels, (attr, str(value)))
+        elif role == "nested":
+            for sub in value:
+                yield from samples(sub, labels)
+        elif value is None:
+            continue
+        elif metric is not None and metric.label is not None:
+            for key, v in value.items():
+                if v is not None:
+                    yield metric, (*labels, (metric.label, str(key))), v
+        else:
+            assert metric is not None
+            yield metric, labels, value
+
+
+def metric_defs(cls: type) -> Iterator[MetricDef]:
+    """Every metric a reading class can expose, nested classes included."""
+    hints = {f.name: f for f in dataclasses.fields(cls)}
+    for attr, role, metric in _plan(cls):
+        if metric is not None:
+            yield metric
+        elif role == "nested":
+            yield from metric_defs(hints[attr].metadata["of"])
+
+
+def has_value(reading: object) -> bool:
+    """True when at least one metric field is provided (not None, not empty)."""
+    for attr, role, _ in _plan(type(reading)):
+        if role == "label":
+            continue
+        value = getattr(reading, attr)
+        if value not in (None, (), {}):
+            return True
+    return False
+
+
+def as_dict(readings: Iterable[object]) -> Mapping[str, Any]:
+    """JSON-ready view of readings, keyed by class name."""
+    return {type(r).__name__: dataclasses.asdict(r) for r in readings}  # type: ignore[call-overload]

@@ -1,0 +1,300 @@
+"""Typed GPU readings. Each field declares the metric it is exposed as.
+
+Units are in the field names; ratios are 0-1. A field left `None` is a quantity the
+GPU does not support, and its series is absent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from exporter.metricdef import counter, gauge, info, label, nested
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """Static facts; change only on driver reload or reconfiguration."""
+
+    family: ClassVar[str] = "device"
+    labels: dict[str, str] | None = info(
+        "llmgpu_gpu_info",
+        "Static GPU facts: name, PCI bus id, driver and CUDA version, NUMA node, MIG and "
+        "persistence mode (nvmlDeviceGetName, nvmlDeviceGetPciInfo, nvmlSystemGetDriverVersion, sysfs)",
+    )
+    memory_total_bytes: int | None = gauge(
+        "llmgpu_gpu_memory_total_bytes", "Total framebuffer memory (nvmlDeviceGetMemoryInfo)"
+    )
+    sm_clock_max_hertz: float | None = gauge(
+        "llmgpu_gpu_sm_clock_max_hertz", "Maximum SM clock (nvmlDeviceGetMaxClockInfo)"
+    )
+    memory_clock_max_hertz: float | None = gauge(
+        "llmgpu_gpu_memory_clock_max_hertz", "Maximum memory clock (nvmlDeviceGetMaxClockInfo)"
+    )
+    power_limit_max_watts: float | None = gauge(
+        "llmgpu_gpu_power_limit_max_watts",
+        "Largest settable power limit (nvmlDeviceGetPowerManagementLimitConstraints)",
+    )
+    dram_bandwidth_peak_bytes_per_second: float | None = gauge(
+        "llmgpu_gpu_dram_bandwidth_peak_bytes_per_second",
+        "Datasheet peak DRAM bandwidth for this GPU model (built-in table)",
+    )
+    pcie_link_generation_max: int | None = gauge(
+        "llmgpu_gpu_pcie_link_generation_max", "Maximum PCIe generation (nvmlDeviceGetMaxPcieLinkGeneration)"
+    )
+    pcie_link_width_max: int | None = gauge(
+        "llmgpu_gpu_pcie_link_width_max", "Maximum PCIe lanes (nvmlDeviceGetMaxPcieLinkWidth)"
+    )
+
+    def get(self, key: str) -> str:
+        return (self.labels or {}).get(key, "")
+
+
+@dataclass(frozen=True)
+class Utilization:
+    family: ClassVar[str] = "utilization"
+    gpu_busy_ratio: float | None = gauge(
+        "llmgpu_gpu_utilization_ratio",
+        "Fraction of the last sample period a kernel was running (nvmlDeviceGetUtilizationRates.gpu)",
+    )
+    memory_busy_ratio: float | None = gauge(
+        "llmgpu_gpu_memory_busy_ratio",
+        "Fraction of the last sample period device memory was read or written "
+        "(nvmlDeviceGetUtilizationRates.memory)",
+    )
+
+
+@dataclass(frozen=True)
+class Memory:
+    family: ClassVar[str] = "memory"
+    used_bytes: int | None = gauge(
+        "llmgpu_gpu_memory_used_bytes", "Allocated framebuffer memory (nvmlDeviceGetMemoryInfo_v2)"
+    )
+    free_bytes: int | None = gauge(
+        "llmgpu_gpu_memory_free_bytes", "Unallocated framebuffer memory (nvmlDeviceGetMemoryInfo_v2)"
+    )
+    reserved_bytes: int | None = gauge(
+        "llmgpu_gpu_memory_reserved_bytes",
+        "Memory reserved by the driver and firmware (nvmlDeviceGetMemoryInfo_v2)",
+    )
+    bar1_used_bytes: int | None = gauge(
+        "llmgpu_gpu_bar1_used_bytes", "Used BAR1 aperture memory (nvmlDeviceGetBAR1MemoryInfo)"
+    )
+    bar1_total_bytes: int | None = gauge(
+        "llmgpu_gpu_bar1_total_bytes", "Total BAR1 aperture memory (nvmlDeviceGetBAR1MemoryInfo)"
+    )
+
+
+@dataclass(frozen=True)
+class Clocks:
+    family: ClassVar[str] = "clocks"
+    sm_hertz: float | None = gauge("llmgpu_gpu_sm_clock_hertz", "Current SM clock (nvmlDeviceGetClockInfo)")
+    memory_hertz: float | None = gauge(
+        "llmgpu_gpu_memory_clock_hertz", "Current memory clock (nvmlDeviceGetClockInfo)"
+    )
+    event_active: dict[str, int] | None = gauge(
+        "llmgpu_gpu_clock_event_active",
+        "1 while the clock-event (throttle) reason holds clocks down "
+        "(nvmlDeviceGetCurrentClocksEventReasons)",
+        label="reason",
+    )
+    event_seconds: dict[str, float] | None = counter(
+        "llmgpu_gpu_clock_event_seconds_total",
+        "Cumulative time clocks were held down, by reason "
+        "(nvmlDeviceGetFieldValues NVML_FI_DEV_CLOCKS_EVENT_REASON_*)",
+        label="reason",
+    )
+
+
+@dataclass(frozen=True)
+class Power:
+    family: ClassVar[str] = "power"
+    usage_watts: float | None = gauge("llmgpu_gpu_power_watts", "Power draw (nvmlDeviceGetPowerUsage)")
+    limit_watts: float | None = gauge(
+        "llmgpu_gpu_power_limit_watts", "Enforced power limit (nvmlDeviceGetEnforcedPowerLimit)"
+    )
+    energy_joules: float | None = counter(
+        "llmgpu_gpu_energy_joules_total",
+        "Energy used since the driver loaded (nvmlDeviceGetTotalEnergyConsumption)",
+    )
+    gpu_celsius: float | None = gauge(
+        "llmgpu_gpu_temperature_celsius", "GPU die temperature (nvmlDeviceGetTemperature)"
+    )
+    memory_celsius: float | None = gauge(
+        "llmgpu_gpu_memory_temperature_celsius",
+        "HBM temperature (nvmlDeviceGetFieldValues NVML_FI_DEV_MEMORY_TEMP)",
+    )
+
+
+@dataclass(frozen=True)
+class Profiling:
+    """GPM (Hopper and later): activity ratios over the interval between two samples."""
+
+    family: ClassVar[str] = "gpm"
+    sm_active_ratio: float | None = gauge(
+        "llmgpu_gpu_sm_active_ratio", "Fraction of SMs busy (GPM NVML_GPM_METRIC_SM_UTIL)"
+    )
+    sm_occupancy_ratio: float | None = gauge(
+        "llmgpu_gpu_sm_occupancy_ratio",
+        "Resident warps over the theoretical maximum (GPM NVML_GPM_METRIC_SM_OCCUPANCY)",
+    )
+    tensor_active_ratio: float | None = gauge(
+        "llmgpu_gpu_tensor_active_ratio",
+        "Fraction of time tensor cores were busy (GPM NVML_GPM_METRIC_ANY_TENSOR_UTIL)",
+    )
+    dram_active_ratio: float | None = gauge(
+        "llmgpu_gpu_dram_active_ratio",
+        "DRAM bandwidth used over its theoretical maximum (GPM NVML_GPM_METRIC_DRAM_BW_UTIL)",
+    )
+    fp16_active_ratio: float | None = gauge(
+        "llmgpu_gpu_fp16_active_ratio", "Non-tensor FP16 pipe activity (GPM NVML_GPM_METRIC_FP16_UTIL)"
+    )
+    fp32_active_ratio: float | None = gauge(
+        "llmgpu_gpu_fp32_active_ratio", "Non-tensor FP32 pipe activity (GPM NVML_GPM_METRIC_FP32_UTIL)"
+    )
+    fp64_active_ratio: float | None = gauge(
+        "llmgpu_gpu_fp64_active_ratio", "Non-tensor FP64 pipe activity (GPM NVML_GPM_METRIC_FP64_UTIL)"
+    )
+    pcie_tx_bytes_per_second: float | None = gauge(
+        "llmgpu_gpu_pcie_tx_bytes_per_second", "PCIe traffic out of the GPU (GPM NVML_GPM_METRIC_PCIE_TX_PER_SEC)"
+    )
+    pcie_rx_bytes_per_second: float | None = gauge(
+        "llmgpu_gpu_pcie_rx_bytes_per_second", "PCIe traffic into the GPU (GPM NVML_GPM_METRIC_PCIE_RX_PER_SEC)"
+    )
+    nvlink_tx_bytes_per_second: float | None = gauge(
+        "llmgpu_gpu_nvlink_tx_bytes_per_second",
+        "NVLink traffic out of the GPU, all links (GPM NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC)",
+    )
+    nvlink_rx_bytes_per_second: float | None = gauge(
+        "llmgpu_gpu_nvlink_rx_bytes_per_second",
+        "NVLink traffic into the GPU, all links (GPM NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC)",
+    )
+
+
+@dataclass(frozen=True)
+class Pcie:
+    family: ClassVar[str] = "pcie"
+    tx_bytes: int | None = counter(
+        "llmgpu_gpu_pcie_tx_bytes_total",
+        "Bytes sent over PCIe (nvmlDeviceGetFieldValues NVML_FI_DEV_PCIE_COUNT_TX_BYTES)",
+    )
+    rx_bytes: int | None = counter(
+        "llmgpu_gpu_pcie_rx_bytes_total",
+        "Bytes received over PCIe (nvmlDeviceGetFieldValues NVML_FI_DEV_PCIE_COUNT_RX_BYTES)",
+    )
+    replays: int | None = counter(
+        "llmgpu_gpu_pcie_replays_total",
+        "PCIe link replays (nvmlDeviceGetFieldValues NVML_FI_DEV_PCIE_REPLAY_COUNTER)",
+    )
+    link_generation: int | None = gauge(
+        "llmgpu_gpu_pcie_link_generation", "Current PCIe generation (nvmlDeviceGetCurrPcieLinkGeneration)"
+    )
+    link_width: int | None = gauge(
+        "llmgpu_gpu_pcie_link_width", "Current PCIe lanes (nvmlDeviceGetCurrPcieLinkWidth)"
+    )
+
+
+@dataclass(frozen=True)
+class NvLinkPort:
+    link: int = label()
+    up: int | None = gauge("llmgpu_gpu_nvlink_up", "1 while the link is active (nvmlDeviceGetNvLinkState)")
+    tx_bytes: int | None = counter(
+        "llmgpu_gpu_nvlink_tx_bytes_total",
+        "Data bytes sent on the link (nvmlDeviceGetFieldValues NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX)",
+    )
+    rx_bytes: int | None = counter(
+        "llmgpu_gpu_nvlink_rx_bytes_total",
+        "Data bytes received on the link (nvmlDeviceGetFieldValues NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)",
+    )
+    errors: dict[str, int] | None = counter(
+        "llmgpu_gpu_nvlink_errors_total",
+        "Link errors by type (nvmlDeviceGetNvLinkErrorCounter)",
+        label="type",
+    )
+
+
+@dataclass(frozen=True)
+class NvLink:
+    family: ClassVar[str] = "nvlink"
+    links: tuple[NvLinkPort, ...] = nested(NvLinkPort)
+
+
+@dataclass(frozen=True)
+class Ecc:
+    family: ClassVar[str] = "ecc"
+    corrected: int | None = counter(
+        "llmgpu_gpu_ecc_corrected_errors_total",
+        "Corrected (single-bit) ECC errors, volatile (nvmlDeviceGetTotalEccErrors)",
+    )
+    uncorrected: int | None = counter(
+        "llmgpu_gpu_ecc_uncorrected_errors_total",
+        "Uncorrected (double-bit) ECC errors, volatile (nvmlDeviceGetTotalEccErrors)",
+    )
+    remapped_rows: dict[str, int] | None = gauge(
+        "llmgpu_gpu_remapped_rows",
+        "Rows remapped after ECC errors, by cause (nvmlDeviceGetRemappedRows)",
+        label="cause",
+    )
+    remap_pending: int | None = gauge(
+        "llmgpu_gpu_row_remap_pending", "1 when a row remap awaits a GPU reset (nvmlDeviceGetRemappedRows)"
+    )
+    remap_failed: int | None = gauge(
+        "llmgpu_gpu_row_remap_failed", "1 when a row remap failed (nvmlDeviceGetRemappedRows)"
+    )
+
+
+@dataclass(frozen=True)
+class Xid:
+    family: ClassVar[str] = "xid"
+    counts: dict[int, int] | None = counter(
+        "llmgpu_gpu_xid_errors_total",
+        "XID critical errors seen since the exporter started (nvmlEventSetWait_v2)",
+        label="xid",
+    )
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int = label()
+    process: str = label()
+    used_bytes: int | None = gauge(
+        "llmgpu_gpu_process_memory_used_bytes",
+        "Memory used by a compute process (nvmlDeviceGetComputeRunningProcesses)",
+    )
+
+
+@dataclass(frozen=True)
+class Processes:
+    family: ClassVar[str] = "processes"
+    count: int | None = gauge(
+        "llmgpu_gpu_processes", "Compute processes on the GPU (nvmlDeviceGetComputeRunningProcesses)"
+    )
+    items: tuple[GpuProcess, ...] = nested(GpuProcess)
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    mig_uuid: str = label()
+    gpu_instance: int = label()
+    compute_instance: int = label()
+    memory_used_bytes: int | None = gauge(
+        "llmgpu_gpu_mig_memory_used_bytes", "Memory used in a MIG instance (nvmlDeviceGetMemoryInfo)"
+    )
+    memory_total_bytes: int | None = gauge(
+        "llmgpu_gpu_mig_memory_total_bytes", "Memory of a MIG instance (nvmlDeviceGetMemoryInfo)"
+    )
+    multiprocessors: int | None = gauge(
+        "llmgpu_gpu_mig_multiprocessors", "SMs in a MIG instance (nvmlDeviceGetAttributes)"
+    )
+
+
+@dataclass(frozen=True)
+class Mig:
+    family: ClassVar[str] = "mig"
+    enabled: int | None = gauge("llmgpu_gpu_mig_enabled", "1 when MIG mode is on (nvmlDeviceGetMigMode)")
+    instances: tuple[MigInstance, ...] = nested(MigInstance)
+
+
+GPU_READINGS: tuple[type, ...] = (
+    DeviceFacts, Utilization, Memory, Clocks, Power, Profiling, Pcie, NvLink, Ecc, Xid, Processes, Mig,
+)

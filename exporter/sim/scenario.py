@@ -1,0 +1,445 @@
+"""Scenario files: one timeline that drives the fake GPUs and the fake engines.
+
+A scenario is a list of phases. Each phase sets target values (base units, ratios
+0-1); a key not set keeps its previous value, and `ramp` seconds at the start of the
+phase move linearly from the previous value to the new one (0 = a step). After the
+last phase the values hold. Faults fire at scenario times. The schema is documented
+in docs/scenarios.md.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ScenarioError(ValueError):
+    """A scenario file that does not follow the schema; the message names the key."""
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    name: str
+    memory_bytes: int
+    dram_peak_bytes_per_second: float
+    power_limit_watts: float
+    sm_clock_max_hertz: float
+    memory_clock_max_hertz: float
+    nvlinks: int
+    gpm: bool  # GPM profiling metrics (Hopper and later)
+    pcie_generation: int
+    pcie_width: int = 16
+    multiprocessors: int = 132
+
+
+GIB = 1024**3
+MODELS: dict[str, GpuModel] = {
+    "H100-80GB-SXM": GpuModel(
+        "NVIDIA H100 80GB HBM3", 80 * GIB, 3350e9, 700.0, 1980e6, 2619e6, 18, True, 5
+    ),
+    "H200-141GB-SXM": GpuModel(
+        "NVIDIA H200", 141 * GIB, 4800e9, 700.0, 1980e6, 3201e6, 18, True, 5
+    ),
+    "A100-80GB-SXM": GpuModel(
+        "NVIDIA A100-SXM4-80GB", 80 * GIB, 2039e9, 400.0, 1410e6, 1593e6, 12, False, 4, 16, 108
+    ),
+    "L4": GpuModel("NVIDIA L4", 24 * GIB, 300e9, 72.0, 2040e6, 6251e6, 0, False, 4, 16, 58),
+}
+
+# Per-GPU quantities a phase may set (rates are per second, ratios 0-1).
+GPU_KEYS: dict[str, float] = {
+    "util": 0.0,  # NVML utilization.gpu: a kernel was running
+    "mem_busy": 0.0,
+    "sm_active": 0.0,
+    "sm_occupancy": 0.0,
+    "tensor_active": 0.0,
+    "dram_active": 0.0,
+    "fp16_active": 0.0,
+    "fp32_active": 0.0,
+    "fp64_active": 0.0,
+    "memory_used_ratio": 0.01,  # of total framebuffer
+    "power_ratio": 0.12,  # of the enforced limit
+    "temp_c": 35.0,
+    "mem_temp_c": 40.0,
+    "sm_clock_ratio": 0.5,  # of max
+    "mem_clock_ratio": 1.0,
+    "throttle_power_cap": 0.0,  # 1 while the reason is active
+    "throttle_sw_thermal": 0.0,
+    "throttle_hw_thermal": 0.0,
+    "throttle_hw_slowdown": 0.0,
+    "throttle_power_brake": 0.0,
+    "pcie_tx_bps": 1e6,
+    "pcie_rx_bps": 1e6,
+    "pcie_replay_rate": 0.0,
+    "nvlink_tx_bps": 0.0,  # whole GPU, spread evenly over its links
+    "nvlink_rx_bps": 0.0,
+    "nvlink_error_rate": 0.0,
+    "ecc_corrected_rate": 0.0,
+    "ecc_uncorrected_rate": 0.0,
+}
+
+# Per-engine quantities a phase may set; the simulated engines read them.
+ENGINE_KEYS: dict[str, float] = {
+    "request_rate": 0.0,  # offered requests per second
+    "running": 0.0,
+    "waiting": 0.0,
+    "kv_usage": 0.0,  # ratio
+    "preemption_rate": 0.0,
+    "prompt_tps": 0.0,  # prompt tokens per second
+    "gen_tps": 0.0,  # generated tokens per second
+    "prefix_hit_ratio": 0.0,
+    "spec_accept_ratio": 0.0,  # 0 = no speculative decoding
+    "spec_draft_tps": 0.0,
+    "ttft_s": 0.05,  # median time to first token
+    "itl_s": 0.02,  # median inter-token latency
+    "itl_jitter": 2.0,  # p99 / p50 of the inter-token latency
+    "e2e_s": 1.0,
+    "queue_s": 0.0,
+    "api_cpu": 0.2,  # API-server process CPU, one core = 1
+    "error_ratio": 0.0,  # fraction of requests that fail
+    "rejection_rate": 0.0,  # admissions refused per second
+}
+
+FAULT_KINDS = ("error", "hang", "lost", "xid", "engine_down")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    at: float
+    until: float = float("inf")
+    gpu: int | None = None  # None: every GPU
+    function: str | None = None  # NVML function for error / hang
+    error: str = "Unknown"  # NVML error name for `error`
+    seconds: float = 0.0  # how long a hung call blocks
+    xid: int = 0
+    engine: str | None = None
+
+    def active(self, t: float) -> bool:
+        return self.at <= t < self.until
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str
+    model: str
+    gpus: tuple[int, ...]
+    kind: str = "vllm"
+    block_size: int = 16
+    num_gpu_blocks: int = 20000
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+
+
+@dataclass(frozen=True)
+class MigSpec:
+    gpus: tuple[int, ...]
+    instances: tuple[tuple[str, float, int], ...]  # (profile, memory ratio, SMs)
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    duration: float
+    ramp: float = 0.0
+    gpu: Mapping[str, float] = field(default_factory=dict)
+    gpus: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
+    engine: Mapping[str, float] = field(default_factory=dict)
+    engines: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    gpu_count: int
+    gpu_model: GpuModel
+    phases: tuple[Phase, ...]
+    faults: tuple[Fault, ...] = ()
+    engines: tuple[EngineSpec, ...] = ()
+    mig: MigSpec | None = None
+    expect_findings: tuple[str, ...] = ()
+
+    @property
+    def duration(self) -> float:
+        return sum(p.duration for p in self.phases)
+
+    def engine_pids(self, name: str) -> dict[int, int]:
+        """GPU index -> the pid the fake NVML reports for this engine's worker there."""
+        i = next(i for i, e in enumerate(self.engines) if e.name == name)
+        return {gpu: SIM_PID_BASE + 100 * i + rank for rank, gpu in enumerate(self.engines[i].gpus)}
+
+
+SIM_PID_BASE = 4_000_000  # above Linux's pid_max, so never a real process
+
+
+Track = tuple[list[float], list[float]]  # breakpoint times and values
+
+
+class Timeline:
+    """Piecewise-linear value tracks, evaluated at scenario time."""
+
+    def __init__(
+        self, scenario: Scenario, speed: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.scenario = scenario
+        self.speed = speed
+        self._clock = clock
+        self._start = clock()
+        self._gpu = [_tracks(scenario, GPU_KEYS, "gpu", i) for i in range(scenario.gpu_count)]
+        self._engine = {e.name: _tracks(scenario, ENGINE_KEYS, "engine", e.name) for e in scenario.engines}
+
+    def now(self) -> float:
+        return (self._clock() - self._start) * self.speed
+
+    def gpu(self, index: int, key: str, t: float | None = None) -> float:
+        return _at(self._gpu[index][key], self.now() if t is None else t)
+
+    def gpu_integral(self, index: int, key: str, t: float | None = None) -> float:
+        return _integral(self._gpu[index][key], self.now() if t is None else t)
+
+    def engine(self, name: str, key: str, t: float | None = None) -> float:
+        return _at(self._engine[name][key], self.now() if t is None else t)
+
+    def engine_integral(self, name: str, key: str, t: float | None = None) -> float:
+        return _integral(self._engine[name][key], self.now() if t is None else t)
+
+    def faults(self, kind: str, t: float | None = None) -> list[Fault]:
+        t = self.now() if t is None else t
+        return [f for f in self.scenario.faults if f.kind == kind and f.active(t)]
+
+
+def _tracks(scn: Scenario, keys: Mapping[str, float], scope: str, who: int | str) -> dict[str, Track]:
+    tracks: dict[str, Track] = {k: ([0.0], [v]) for k, v in keys.items()}
+    t = 0.0
+    for phase in scn.phases:
+        common = phase.gpu if scope == "gpu" else phase.engine
+        own = (phase.gpus if scope == "gpu" else phase.engines).get(who, {})  # type: ignore[call-overload]
+        for key, target in {**common, **own}.items():
+            times, values = tracks[key]
+            prev = _at((times, values), t)
+            times.append(t)
+            values.append(prev)
+            times.append(t + min(phase.ramp, phase.duration))
+            values.append(float(target))
+        t += phase.duration
+    return tracks
+
+
+def _at(track: Track, t: float) -> float:
+    times, values = track
+    i = bisect.bisect_right(times, t)
+    if i >= len(times):
+        return values[-1]
+    t0, t1 = times[i - 1], times[i]
+    v0, v1 = values[i - 1], values[i]
+    return v1 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+
+
+def _integral(track: Track, t: float) -> float:
+    """Area under the track from 0 to t: what a counter of that rate has reached."""
+    times, values = track
+    total = 0.0
+    for i in range(1, len(times)):
+        t0, t1 = times[i - 1], min(times[i], t)
+        if t1 <= t0:
+            break
+        total += (values[i - 1] + _at(track, t1)) / 2 * (t1 - t0)
+    if t > times[-1]:
+        total += values[-1] * (t - times[-1])
+    return total
+
+
+# ---- loading -------------------------------------------------------------------------
+
+
+def builtin_names() -> list[str]:
+    files = resources.files("exporter.sim").joinpath("scenarios")
+    return sorted(p.name.removesuffix(".yaml") for p in files.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_builtin(name: str) -> Scenario:
+    if name not in builtin_names():
+        raise ScenarioError(f"unknown scenario {name!r}; known: {', '.join(builtin_names())}")
+    text = resources.files("exporter.sim").joinpath("scenarios", f"{name}.yaml").read_text()
+    return parse(yaml.safe_load(text), source=f"{name}.yaml")
+
+
+def load_file(path: str | Path) -> Scenario:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise ScenarioError(f"{path}: {err}") from err
+    return parse(data, source=str(path))
+
+
+def parse(data: Any, source: str = "<scenario>") -> Scenario:
+    where = source
+
+    def fail(key: str, expected: str) -> ScenarioError:
+        return ScenarioError(f"{where}: '{key}' must be {expected}")
+
+    if not isinstance(data, dict):
+        raise fail("<top level>", "a mapping")
+    known = {"name", "description", "gpus", "phases", "faults", "engines", "mig", "expect"}
+    for key in data:
+        if key not in known:
+            raise ScenarioError(f"{where}: unknown key '{key}' (known: {', '.join(sorted(known))})")
+    gpus = data.get("gpus", {})
+    if not isinstance(gpus, dict):
+        raise fail("gpus", "a mapping with count and model")
+    count = gpus.get("count", 8)
+    if not isinstance(count, int) or not 1 <= count <= 1024:
+        raise fail("gpus.count", "an integer from 1 to 1024")
+    model_name = gpus.get("model", "H100-80GB-SXM")
+    if model_name not in MODELS:
+        raise fail("gpus.model", f"one of {', '.join(MODELS)}")
+    phases = tuple(_phase(p, i, fail, count) for i, p in enumerate(_list(data, "phases", fail)))
+    if not phases:
+        raise fail("phases", "a non-empty list")
+    engines = tuple(_engine(e, i, fail, count) for i, e in enumerate(_list(data, "engines", fail)))
+    names = {e.name for e in engines}
+    for p in phases:
+        for n in p.engines:
+            if n not in names:
+                raise fail(f"phases.{p.name}.engines.{n}", f"the name of a declared engine ({names})")
+    faults = tuple(_fault(f, i, fail, count) for i, f in enumerate(_list(data, "faults", fail)))
+    expect = data.get("expect", {}) or {}
+    findings = expect.get("findings", []) if isinstance(expect, dict) else None
+    if not isinstance(findings, list) or not all(isinstance(f, str) for f in findings):
+        raise fail("expect.findings", "a list of rule ids")
+    mig = None
+    if data.get("mig") is not None:
+        m = data["mig"]
+        try:
+            inst = tuple((str(i["profile"]), float(i["memory_ratio"]), int(i["sms"])) for i in m["instances"])
+            mig = MigSpec(tuple(int(g) for g in m.get("gpus", range(count))), inst)
+        except (KeyError, TypeError, ValueError) as err:
+            raise fail("mig", "{gpus: [..], instances: [{profile, memory_ratio, sms}]}") from err
+    return Scenario(
+        name=str(data.get("name", Path(source).stem)),
+        description=str(data.get("description", "")),
+        gpu_count=count,
+        gpu_model=MODELS[model_name],
+        phases=phases,
+        faults=faults,
+        engines=engines,
+        mig=mig,
+        expect_findings=tuple(findings),
+    )
+
+
+def _list(data: dict[str, Any], key: str, fail: Callable[[str, str], ScenarioError]) -> list[Any]:
+    value = data.get(key, []) or []
+    if not isinstance(value, list):
+        raise fail(key, "a list")
+    return value
+
+
+def _values(raw: Any, keys: Mapping[str, float], where: str, fail: Callable[[str, str], ScenarioError]) -> dict[str, float]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise fail(where, "a mapping of quantity -> number")
+    out = {}
+    for k, v in raw.items():
+        if k not in keys:
+            raise fail(f"{where}.{k}", f"one of the known quantities ({', '.join(keys)})")
+        out[k] = _number(v, lambda: fail(f"{where}.{k}", "a number"))
+    return out
+
+
+def _number(v: Any, err: Callable[[], ScenarioError]) -> float:
+    """A number; YAML 1.1 reads `2e8` as a string, so numeric strings count too."""
+    if isinstance(v, bool):
+        raise err()
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise err() from None
+
+
+def _phase(raw: Any, i: int, fail: Callable[[str, str], ScenarioError], count: int) -> Phase:
+    if not isinstance(raw, dict):
+        raise fail(f"phases[{i}]", "a mapping")
+    name = str(raw.get("name", f"phase{i}"))
+    duration = raw.get("duration")
+    if not isinstance(duration, int | float) or duration <= 0:
+        raise fail(f"phases.{name}.duration", "a positive number of seconds")
+    ramp = raw.get("ramp", 0)
+    if not isinstance(ramp, int | float) or ramp < 0:
+        raise fail(f"phases.{name}.ramp", "a number of seconds >= 0")
+    per_gpu = {}
+    for g, vals in (raw.get("gpus") or {}).items():
+        if not isinstance(g, int) or not 0 <= g < count:
+            raise fail(f"phases.{name}.gpus.{g}", f"a GPU index below {count}")
+        per_gpu[g] = _values(vals, GPU_KEYS, f"phases.{name}.gpus.{g}", fail)
+    per_engine = {
+        str(e): _values(vals, ENGINE_KEYS, f"phases.{name}.engines.{e}", fail)
+        for e, vals in (raw.get("engines") or {}).items()
+    }
+    return Phase(
+        name=name,
+        duration=float(duration),
+        ramp=float(ramp),
+        gpu=_values(raw.get("gpu"), GPU_KEYS, f"phases.{name}.gpu", fail),
+        gpus=per_gpu,
+        engine=_values(raw.get("engine"), ENGINE_KEYS, f"phases.{name}.engine", fail),
+        engines=per_engine,
+    )
+
+
+def _engine(raw: Any, i: int, fail: Callable[[str, str], ScenarioError], count: int) -> EngineSpec:
+    if not isinstance(raw, dict) or "name" not in raw:
+        raise fail(f"engines[{i}]", "a mapping with at least a name")
+    gpus = tuple(raw.get("gpus", range(count)))
+    if not all(isinstance(g, int) and 0 <= g < count for g in gpus):
+        raise fail(f"engines.{raw['name']}.gpus", f"GPU indexes below {count}")
+    try:
+        return EngineSpec(
+            name=str(raw["name"]),
+            model=str(raw.get("model", "meta-llama/Llama-3.1-8B-Instruct")),
+            gpus=gpus,
+            kind=str(raw.get("kind", "vllm")),
+            block_size=int(raw.get("block_size", 16)),
+            num_gpu_blocks=int(raw.get("num_gpu_blocks", 20000)),
+            gpu_memory_utilization=float(raw.get("gpu_memory_utilization", 0.9)),
+            max_num_seqs=int(raw.get("max_num_seqs", 256)),
+        )
+    except (TypeError, ValueError) as err:
+        raise fail(f"engines.{raw['name']}", f"engine settings of the right types ({err})") from err
+
+
+def _fault(raw: Any, i: int, fail: Callable[[str, str], ScenarioError], count: int) -> Fault:
+    if not isinstance(raw, dict):
+        raise fail(f"faults[{i}]", "a mapping")
+    kind = raw.get("kind")
+    if kind not in FAULT_KINDS:
+        raise fail(f"faults[{i}].kind", f"one of {', '.join(FAULT_KINDS)}")
+    gpu = raw.get("gpu")
+    if gpu is not None and (not isinstance(gpu, int) or not 0 <= gpu < count):
+        raise fail(f"faults[{i}].gpu", f"a GPU index below {count}")
+    at = raw.get("at", 0)
+    until = raw.get("until", float("inf"))
+    if not isinstance(at, int | float) or not isinstance(until, int | float) or until <= at:
+        raise fail(f"faults[{i}].at/until", "numbers of seconds with until > at")
+    if kind in ("error", "hang") and not isinstance(raw.get("function"), str):
+        raise fail(f"faults[{i}].function", "the name of an NVML function")
+    return Fault(
+        kind=kind,
+        at=float(at),
+        until=float(until),
+        gpu=gpu,
+        function=raw.get("function"),
+        error=str(raw.get("error", "Unknown")),
+        seconds=float(raw.get("seconds", 0.0)),
+        xid=int(raw.get("xid", 0)),
+        engine=raw.get("engine"),
+    )

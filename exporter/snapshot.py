@@ -1,0 +1,104 @@
+"""The immutable picture of a node at one instant: what every reader works from."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from exporter.metricdef import counter, gauge, info, label
+from exporter.readings import DeviceFacts
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class CollectorStatus:
+    """Self-metrics of one collector, the node_exporter way."""
+
+    collector: str = label()
+    success: int | None = gauge(
+        "llmgpu_exporter_collector_success", "1 when the collector's last run reported no error"
+    )
+    duration_seconds: float | None = gauge(
+        "llmgpu_exporter_collector_duration_seconds", "Wall time of the collector's last run"
+    )
+    sample_age_seconds: float | None = gauge(
+        "llmgpu_exporter_collector_sample_age_seconds", "Seconds since the collector's last completed run"
+    )
+    runs: int | None = counter("llmgpu_exporter_collector_runs_total", "Completed collector runs")
+    errors: dict[str, int] | None = counter(
+        "llmgpu_exporter_collector_errors_total",
+        "Errors by name (NVML error names such as GpuIsLost, or the exception type)",
+        label="error",
+    )
+
+
+@dataclass(frozen=True)
+class GpuUp:
+    up: int | None = gauge(
+        "llmgpu_gpu_up", "1 while every collector could read the GPU on its last run, 0 once one could not"
+    )
+    supported: dict[str, int] | None = gauge(
+        "llmgpu_gpu_metric_supported",
+        "1 when the GPU provides the metric family, 0 when it does not (its series are then absent)",
+        label="family",
+    )
+
+
+@dataclass(frozen=True)
+class ExporterInfo:
+    build: dict[str, str] | None = info("llmgpu_exporter_build_info", "Exporter version and Python version")
+    simulated: int | None = gauge(
+        "llmgpu_exporter_simulated", "1 when GPUs and engines come from the built-in simulator"
+    )
+    cycle_seconds: float | None = gauge(
+        "llmgpu_exporter_cycle_duration_seconds", "Time to compose, diagnose and render the last snapshot"
+    )
+    scrapes: int | None = counter("llmgpu_exporter_scrapes_total", "Requests served on /metrics")
+    auth_failures: dict[str, int] | None = counter(
+        "llmgpu_exporter_auth_failures_total",
+        "Requests refused by the web config (bad password, missing client certificate)",
+        label="reason",
+    )
+
+
+@dataclass(frozen=True)
+class GpuState:
+    index: int
+    uuid: str
+    up: bool
+    readings: Mapping[type, object] = field(default_factory=dict)
+    supported: Mapping[str, bool] = field(default_factory=dict)
+    attribution: Mapping[str, str] = field(default_factory=dict)  # namespace, pod, container
+
+    def get(self, cls: type[R]) -> R | None:
+        value = self.readings.get(cls)
+        return value  # type: ignore[return-value]
+
+    @property
+    def facts(self) -> DeviceFacts | None:
+        return self.get(DeviceFacts)
+
+    @property
+    def base_labels(self) -> tuple[tuple[str, str], ...]:
+        return (("gpu", str(self.index)), ("uuid", self.uuid), *self.attribution.items())
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    taken_at: float
+    gpus: tuple[GpuState, ...] = ()
+    node: Mapping[type, object] = field(default_factory=dict)
+    collectors: tuple[CollectorStatus, ...] = ()
+    simulated: bool = False
+
+    def get(self, cls: type[R]) -> R | None:
+        return self.node.get(cls)  # type: ignore[return-value]
+
+    def gpu(self, index: int) -> GpuState | None:
+        return next((g for g in self.gpus if g.index == index), None)
+
+    def gpu_by_uuid(self, uuid: str) -> GpuState | None:
+        return next((g for g in self.gpus if g.uuid == uuid), None)
+
