@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -49,6 +50,9 @@ class Context:
 
     settings: Settings
     nvml: Nvml | None
+    # Wall time, or scenario time mapped onto the epoch when simulating: rates and
+    # windows must use this clock so accelerated scenarios stay consistent.
+    clock: Callable[[], float] = time.time
 
 
 Factory = Callable[[Context], Collector]
