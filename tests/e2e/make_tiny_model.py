@@ -25,7 +25,7 @@ DEFAULT_OUT = ROOT / ".cache" / "tiny-llama"
 
 # Bump when anything below changes, so that old directories are rebuilt.
 RECIPE = {
-    "recipe": 1,
+    "recipe": 2,
     "vocab_size": 512,
     "hidden_size": 128,
     "intermediate_size": 256,
@@ -33,18 +33,19 @@ RECIPE = {
     "num_attention_heads": 2,
     "num_key_value_heads": 2,
     "max_position_embeddings": 1024,
-    "dtype": "float32",
+    "dtype": "bfloat16",
     "seed": 1234,
 }
 MARKER = "tiny-llama-recipe.json"
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
 
-WORDS = (
+_WORD_TEXT = (
     "the a gpu node serves tokens memory cache block prefix request queue batch kernel "
     "latency throughput model layer head attention decode prefill scheduler worker engine "
     "fragment allocator free large small segment stream warm cold fast slow busy idle "
     "alpha beta gamma delta one two three four five six seven eight nine ten and or of to"
-).split()
+)
+WORDS = _WORD_TEXT.split(" ")
 
 
 def corpus(n_lines: int, seed: int) -> list[str]:
@@ -112,7 +113,7 @@ def build(out: Path) -> None:
         pad_token_id=None,
         tie_word_embeddings=False,
     )
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".tiny-llama-", dir=out.parent))
