@@ -171,26 +171,42 @@ def list_node_pods(
             http.close()
 
 
+DEFAULT_SCRAPE_ANNOTATION = "llm-gpu-exporter.io/scrape"
+
+
 @dataclass(frozen=True)
 class EngineAnnotations:
-    """Pod annotations that announce an inference engine to scrape."""
+    """Pod annotations that announce an inference engine to scrape.
 
-    scrape: str = "llm-gpu-exporter/scrape"
-    port: str = "llm-gpu-exporter/port"
-    path: str = "llm-gpu-exporter/path"
-    scheme: str = "llm-gpu-exporter/scheme"
-    engine: str = "llm-gpu-exporter/engine"
+    All share the prefix of the scrape annotation: with ``prometheus.io/scrape`` the
+    port, path and scheme come from ``prometheus.io/port``, ``/path`` and ``/scheme``,
+    the usual convention; ``<prefix>/engine`` names the engine (vllm, sglang, tgi).
+    """
+
+    scrape: str = DEFAULT_SCRAPE_ANNOTATION
+    port: str = "llm-gpu-exporter.io/port"
+    path: str = "llm-gpu-exporter.io/path"
+    scheme: str = "llm-gpu-exporter.io/scheme"
+    engine: str = "llm-gpu-exporter.io/engine"
+
+    @classmethod
+    def from_scrape_annotation(cls, scrape: str) -> EngineAnnotations:
+        """The set of annotations that share ``scrape``'s prefix."""
+        prefix = scrape.rsplit("/", 1)[0] + "/" if "/" in scrape else ""
+        return cls(
+            scrape=scrape,
+            port=prefix + "port",
+            path=prefix + "path",
+            scheme=prefix + "scheme",
+            engine=prefix + "engine",
+        )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> EngineAnnotations:
-        """Annotation names from ``LLMGPU_DISCOVERY_ANNOTATION_<FIELD>`` (the chart sets them)."""
+        """From ``LLMGPU_ENGINE_ANNOTATION`` (the ``engine_annotation`` setting), else defaults."""
         env = os.environ if environ is None else environ
-        defaults = cls()
-        fields = ("scrape", "port", "path", "scheme", "engine")
-        prefix = "LLMGPU_DISCOVERY_ANNOTATION_"
-        return cls(
-            **{name: env.get(prefix + name.upper(), getattr(defaults, name)) for name in fields}
-        )
+        scrape = env.get("LLMGPU_ENGINE_ANNOTATION", "").strip()
+        return cls.from_scrape_annotation(scrape) if scrape else cls()
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ PODS = [
         "vllm-0",
         "node-a",
         uid=UID_A,
-        annotations={"llm-gpu-exporter/scrape": "true", "llm-gpu-exporter/engine": "vllm"},
+        annotations={"llm-gpu-exporter.io/scrape": "true", "llm-gpu-exporter.io/engine": "vllm"},
         containers={"engine": CID_A, "proxy": CID_B},
     ),
     pod("other-node", "node-b", containers={"x": CID_C}),
@@ -78,9 +78,9 @@ PODS = [
         namespace="research",
         ip="10.0.0.9",
         annotations={
-            "llm-gpu-exporter/scrape": "TRUE",
-            "llm-gpu-exporter/port": "30000",
-            "llm-gpu-exporter/path": "metrics",
+            "llm-gpu-exporter.io/scrape": "TRUE",
+            "llm-gpu-exporter.io/port": "30000",
+            "llm-gpu-exporter.io/path": "metrics",
         },
     ),
     pod(
@@ -88,7 +88,7 @@ PODS = [
         "node-a",
         phase="Pending",
         ip=None,
-        annotations={"llm-gpu-exporter/scrape": "true"},
+        annotations={"llm-gpu-exporter.io/scrape": "true"},
     ),
     pod("web", "node-a", namespace="default", annotations={"prometheus.io/scrape": "true"}),
 ]
@@ -181,7 +181,7 @@ def test_lists_this_nodes_running_pods(api_server: FakeApiServer, token_file: Pa
         name="vllm-0",
         uid=UID_A,
         pod_ip="10.0.0.7",
-        annotations={"llm-gpu-exporter/scrape": "true", "llm-gpu-exporter/engine": "vllm"},
+        annotations={"llm-gpu-exporter.io/scrape": "true", "llm-gpu-exporter.io/engine": "vllm"},
         containers=(("engine", CID_A), ("proxy", CID_B)),
     )
     assert first.container_name(CID_B) == "proxy"
@@ -213,19 +213,23 @@ def test_engine_targets_from_annotations(api_server: FakeApiServer, token_file: 
         ("http://10.0.0.7:8000/metrics", "vllm", "llm", "vllm-0"),
         ("http://10.0.0.9:30000/metrics", None, "research", "sglang-0"),
     ]
-    # the annotation names are configurable (the chart sets them through the environment)
-    names = EngineAnnotations.from_env(
-        {"LLMGPU_DISCOVERY_ANNOTATION_SCRAPE": "prometheus.io/scrape"}
+    # the annotation names are configurable: the prometheus.io convention works as is
+    names = EngineAnnotations.from_env({"LLMGPU_ENGINE_ANNOTATION": "prometheus.io/scrape"})
+    assert names == EngineAnnotations(
+        scrape="prometheus.io/scrape",
+        port="prometheus.io/port",
+        path="prometheus.io/path",
+        scheme="prometheus.io/scheme",
+        engine="prometheus.io/engine",
     )
-    assert names.scrape == "prometheus.io/scrape"
-    assert names.port == "llm-gpu-exporter/port"
+    assert EngineAnnotations.from_env({}) == EngineAnnotations()
     assert [t.pod for t in engine_targets(list_node_pods("node-a", api), names)] == ["web"]
 
 
 def test_engine_targets_reject_bad_annotations() -> None:
     def with_notes(**notes: str) -> PodInfo:
-        base = {"llm-gpu-exporter/scrape": "true"}
-        base.update({f"llm-gpu-exporter/{k}": v for k, v in notes.items()})
+        base = {"llm-gpu-exporter.io/scrape": "true"}
+        base.update({f"llm-gpu-exporter.io/{k}": v for k, v in notes.items()})
         return PodInfo("ns", "p", "u", "fd00::5", base, ())
 
     assert engine_targets([with_notes()])[0].url == "http://[fd00::5]:8000/metrics"
