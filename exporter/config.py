@@ -99,7 +99,9 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     raise ConfigError(f"setting '{key}' has an unsupported type")  # pragma: no cover
 
 
-def load(flags: dict[str, Any], config_file: str | None = None, env: dict[str, str] | None = None) -> Settings:
+def load(
+    flags: dict[str, Any], config_file: str | None = None, env: dict[str, str] | None = None
+) -> Settings:
     """Merge the three sources; flags set to None count as not given."""
     env = dict(os.environ) if env is None else env
     merged: dict[str, Any] = {}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any, Literal
 
 Kind = Literal["gauge", "counter", "info", "histogram"]
@@ -69,9 +68,15 @@ Labels = tuple[tuple[str, str], ...]
 Sample = tuple[MetricDef, Labels, Any]
 
 
-@cache
-def _plan(cls: type) -> tuple[tuple[str, str, MetricDef | None], ...]:
-    """Field walk order for a reading class: (attr, role, metric)."""
+Plan = tuple[tuple[str, str, MetricDef | None], ...]
+_PLANS: dict[type, Plan] = {}
+
+
+def _plan(cls: type[Any]) -> Plan:
+    """Field walk order for a reading class: (attr, role, metric), computed once per class."""
+    cached = _PLANS.get(cls)
+    if cached is not None:
+        return cached
     plan = []
     for f in dataclasses.fields(cls):
         if f.metadata.get("label"):
@@ -82,7 +87,8 @@ def _plan(cls: type) -> tuple[tuple[str, str, MetricDef | None], ...]:
             plan.append((f.name, "metric", f.metadata["metric"]))
     # labels first, so nested and metric fields see them
     plan.sort(key=lambda p: p[1] != "label")
-    return tuple(plan)
+    _PLANS[cls] = tuple(plan)
+    return _PLANS[cls]
 
 
 def samples(reading: object, base: Labels = ()) -> Iterator[Sample]:
@@ -107,7 +113,7 @@ def samples(reading: object, base: Labels = ()) -> Iterator[Sample]:
             yield metric, labels, value
 
 
-def metric_defs(cls: type) -> Iterator[MetricDef]:
+def metric_defs(cls: type[Any]) -> Iterator[MetricDef]:
     """Every metric a reading class can expose, nested classes included."""
     hints = {f.name: f for f in dataclasses.fields(cls)}
     for attr, role, metric in _plan(cls):

@@ -8,6 +8,8 @@ the value is absent and come back as `None`; every other NVML error is raised as
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import threading
 from collections.abc import Callable
@@ -69,10 +71,8 @@ class Nvml:
         return int(count or 0)
 
     def shutdown(self) -> None:
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
 
     def handle(self, index: int) -> Any:
         """The device handle, fetched again after the GPU was reported gone."""
@@ -85,6 +85,16 @@ class Nvml:
             with self._lock:
                 self._handles[index] = h
         return h
+
+    def index_of(self, handle: Any) -> int | None:
+        """The GPU index of a handle that NVML handed back (event data)."""
+        address = ctypes.cast(handle, ctypes.c_void_p).value
+        with self._lock:
+            known = list(self._handles.items())
+        for index, h in known:
+            if ctypes.cast(h, ctypes.c_void_p).value == address:
+                return index
+        return None
 
     def forget(self, index: int) -> None:
         with self._lock:
@@ -100,6 +110,16 @@ class Nvml:
                     self._log_missing(fn.__name__)
                 return None
             raise NvmlError(error_name(err), fn.__name__) from err
+
+    def supported(self, fn: Callable[..., Any], *args: Any) -> bool:
+        """For calls that return nothing: True when done, False when not supported."""
+        try:
+            fn(*args)
+        except pynvml.NVMLError as err:
+            if err.value in _ABSENT:
+                return False
+            raise NvmlError(error_name(err), fn.__name__) from err
+        return True
 
     def query_versioned(self, key: str, variants: list[Callable[[], Any]]) -> Any:
         """Try newer variants first; remember the first one this driver accepts.

@@ -17,6 +17,7 @@ class DeviceFacts:
     """Static facts; change only on driver reload or reconfiguration."""
 
     family: ClassVar[str] = "device"
+    uuid: str = ""  # carried into every GPU series' labels, not exported on its own
     labels: dict[str, str] | None = info(
         "llmgpu_gpu_info",
         "Static GPU facts: name, PCI bus id, driver and CUDA version, NUMA node, MIG and "
@@ -156,10 +157,12 @@ class Profiling:
         "llmgpu_gpu_fp64_active_ratio", "Non-tensor FP64 pipe activity (GPM NVML_GPM_METRIC_FP64_UTIL)"
     )
     pcie_tx_bytes_per_second: float | None = gauge(
-        "llmgpu_gpu_pcie_tx_bytes_per_second", "PCIe traffic out of the GPU (GPM NVML_GPM_METRIC_PCIE_TX_PER_SEC)"
+        "llmgpu_gpu_pcie_tx_bytes_per_second",
+        "PCIe traffic out of the GPU (GPM NVML_GPM_METRIC_PCIE_TX_PER_SEC)",
     )
     pcie_rx_bytes_per_second: float | None = gauge(
-        "llmgpu_gpu_pcie_rx_bytes_per_second", "PCIe traffic into the GPU (GPM NVML_GPM_METRIC_PCIE_RX_PER_SEC)"
+        "llmgpu_gpu_pcie_rx_bytes_per_second",
+        "PCIe traffic into the GPU (GPM NVML_GPM_METRIC_PCIE_RX_PER_SEC)",
     )
     nvlink_tx_bytes_per_second: float | None = gauge(
         "llmgpu_gpu_nvlink_tx_bytes_per_second",
@@ -296,5 +299,16 @@ class Mig:
 
 
 GPU_READINGS: tuple[type, ...] = (
-    DeviceFacts, Utilization, Memory, Clocks, Power, Profiling, Pcie, NvLink, Ecc, Xid, Processes, Mig,
+    DeviceFacts,
+    Utilization,
+    Memory,
+    Clocks,
+    Power,
+    Profiling,
+    Pcie,
+    NvLink,
+    Ecc,
+    Xid,
+    Processes,
+    Mig,
 )

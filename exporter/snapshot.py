@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -89,16 +90,33 @@ class GpuState:
 class Snapshot:
     taken_at: float
     gpus: tuple[GpuState, ...] = ()
-    node: Mapping[type, object] = field(default_factory=dict)
+    # Node-level readings (engines, allocator probes, diagnosis) by class; a class may
+    # have several readings (one per engine target), so each entry is a tuple.
+    node: Mapping[type, tuple[object, ...]] = field(default_factory=dict)
     collectors: tuple[CollectorStatus, ...] = ()
     simulated: bool = False
 
     def get(self, cls: type[R]) -> R | None:
-        return self.node.get(cls)  # type: ignore[return-value]
+        """The node reading of a class, or the first one when there are several."""
+        found = self.node.get(cls, ())
+        return found[0] if found else None  # type: ignore[return-value]
+
+    def all(self, cls: type[R]) -> tuple[R, ...]:
+        """Every node reading of a class."""
+        return self.node.get(cls, ())  # type: ignore[return-value]
+
+    def with_node(self, readings: tuple[object, ...]) -> Snapshot:
+        """A copy with readings added; a class given here replaces what it had."""
+        if not readings:
+            return self
+        added: dict[type, list[object]] = {}
+        for r in readings:
+            added.setdefault(type(r), []).append(r)
+        node = {**self.node, **{k: tuple(v) for k, v in added.items()}}
+        return dataclasses.replace(self, node=node)
 
     def gpu(self, index: int) -> GpuState | None:
         return next((g for g in self.gpus if g.index == index), None)
 
     def gpu_by_uuid(self, uuid: str) -> GpuState | None:
         return next((g for g in self.gpus if g.uuid == uuid), None)
-

@@ -41,12 +41,8 @@ class GpuModel:
 
 GIB = 1024**3
 MODELS: dict[str, GpuModel] = {
-    "H100-80GB-SXM": GpuModel(
-        "NVIDIA H100 80GB HBM3", 80 * GIB, 3350e9, 700.0, 1980e6, 2619e6, 18, True, 5
-    ),
-    "H200-141GB-SXM": GpuModel(
-        "NVIDIA H200", 141 * GIB, 4800e9, 700.0, 1980e6, 3201e6, 18, True, 5
-    ),
+    "H100-80GB-SXM": GpuModel("NVIDIA H100 80GB HBM3", 80 * GIB, 3350e9, 700.0, 1980e6, 2619e6, 18, True, 5),
+    "H200-141GB-SXM": GpuModel("NVIDIA H200", 141 * GIB, 4800e9, 700.0, 1980e6, 3201e6, 18, True, 5),
     "A100-80GB-SXM": GpuModel(
         "NVIDIA A100-SXM4-80GB", 80 * GIB, 2039e9, 400.0, 1410e6, 1593e6, 12, False, 4, 16, 108
     ),
@@ -221,7 +217,8 @@ def _tracks(scn: Scenario, keys: Mapping[str, float], scope: str, who: int | str
     t = 0.0
     for phase in scn.phases:
         common = phase.gpu if scope == "gpu" else phase.engine
-        own = (phase.gpus if scope == "gpu" else phase.engines).get(who, {})  # type: ignore[call-overload]
+        per: Mapping[Any, Mapping[str, float]] = phase.gpus if scope == "gpu" else phase.engines
+        own = per.get(who, {})
         for key, target in {**common, **own}.items():
             times, values = tracks[key]
             prev = _at((times, values), t)
@@ -343,7 +340,9 @@ def _list(data: dict[str, Any], key: str, fail: Callable[[str, str], ScenarioErr
     return value
 
 
-def _values(raw: Any, keys: Mapping[str, float], where: str, fail: Callable[[str, str], ScenarioError]) -> dict[str, float]:
+def _values(
+    raw: Any, keys: Mapping[str, float], where: str, fail: Callable[[str, str], ScenarioError]
+) -> dict[str, float]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):

@@ -1,0 +1,136 @@
+"""Assembles the exporter from settings: NVML (real or simulated), collectors, runner."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from exporter import collectors
+from exporter.collectors.base import Context
+from exporter.config import Settings
+from exporter.nvml import Nvml, NvmlUnavailable
+from exporter.runner import Enricher, Runner
+from exporter.sim import fakenvml
+from exporter.sim.scenario import Scenario, Timeline, load_builtin, load_file
+from exporter.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+
+class ManualClock:
+    """Scenario time that only moves when told to (stepped simulation)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@dataclass
+class Exporter:
+    runner: Runner
+    nvml: Nvml | None
+    timeline: Timeline | None = None
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        self.runner.stop()
+        for close in reversed(self.closers):
+            with contextlib.suppress(Exception):
+                close()
+        if self.nvml is not None:
+            self.nvml.shutdown()
+        if self.timeline is not None:
+            fakenvml.uninstall()
+
+
+def load_scenario(settings: Settings) -> Scenario | None:
+    if settings.scenario_file:
+        return load_file(settings.scenario_file)
+    if settings.simulate:
+        return load_builtin(settings.simulate)
+    return None
+
+
+def enrichers(settings: Settings) -> list[Enricher]:
+    """Whole-snapshot steps, in order: the engine-GPU join, then the diagnosis."""
+    found: list[Enricher] = []
+    with contextlib.suppress(ImportError):
+        from exporter.engines.attribution import engine_gpus
+
+        found.append(engine_gpus)
+    with contextlib.suppress(ImportError):
+        from exporter.diagnosis.engine import Diagnoser
+
+        found.append(Diagnoser(history_seconds=settings.history_seconds))
+    return found
+
+
+def build(settings: Settings, *, scenario_clock: Callable[[], float] | None = None) -> Exporter:
+    """Everything but the HTTP server. Raises NvmlUnavailable without a driver."""
+    scenario = load_scenario(settings)
+    timeline = None
+    clock: Callable[[], float] = time.time
+    if scenario is not None:
+        if scenario_clock is None:
+            timeline = Timeline(scenario, speed=settings.speed)
+        else:
+            timeline = Timeline(scenario, speed=1.0, clock=scenario_clock)
+        fakenvml.install(timeline)
+        epoch = time.time()
+        clock = lambda: epoch + timeline.now()  # noqa: E731 - scenario time on the epoch
+    try:
+        nvml = Nvml()
+    except NvmlUnavailable:
+        if timeline is not None:
+            fakenvml.uninstall()
+        raise
+    ctx = Context(settings=settings, nvml=nvml, clock=clock)
+    exporter = Exporter(runner=None, nvml=nvml, timeline=timeline)  # type: ignore[arg-type]
+    attribution: Callable[[str], dict[str, str]] | None = None
+    if settings.kubelet_socket:
+        from exporter.k8s.podresources import PodResourcesWatcher
+
+        watcher = PodResourcesWatcher(settings.kubelet_socket)
+        exporter.closers.append(watcher.stop)
+
+        def attribution(uuid: str) -> dict[str, str]:
+            ref = watcher.lookup(uuid)
+            return (
+                {}
+                if ref is None
+                else {"namespace": ref.namespace, "pod": ref.pod, "container": ref.container}
+            )
+
+    exporter.runner = Runner(
+        collectors.build(ctx),
+        interval=settings.interval,
+        gpu_count=nvml.count,
+        enrichers=enrichers(settings),
+        clock=clock,
+        simulated=timeline is not None,
+        attribution=attribution,
+    )
+    return exporter
+
+
+def simulate(settings: Settings, step_s: float = 5.0) -> Iterator[Snapshot]:
+    """Play a scenario to its end on a manual clock, one snapshot per step.
+
+    The production path runs unchanged (fake NVML under pynvml, every collector, the
+    enrichers); only time is stepped instead of waited for.
+    """
+    clock = ManualClock()
+    exporter = build(settings, scenario_clock=clock)
+    assert exporter.timeline is not None
+    try:
+        end = exporter.timeline.scenario.duration
+        while clock.t <= end:
+            yield exporter.runner.step().snapshot
+            clock.t += step_s
+    finally:
+        exporter.close()

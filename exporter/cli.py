@@ -1,0 +1,206 @@
+"""Command line: `serve`, `snapshot` and `diagnose`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+from exporter import __version__
+from exporter.config import DEFAULT_PORT, ConfigError, Settings, load
+from exporter.nvml import NvmlUnavailable
+from exporter.sim.scenario import ScenarioError, builtin_names
+
+EXIT_NO_DRIVER = 1
+EXIT_USAGE = 2
+NO_DRIVER_HINT = "try `llm-gpu-exporter serve --simulate healthy` for a demo on simulated GPUs"
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML settings file (keys as below, snake_case)")
+    sim = p.add_mutually_exclusive_group()
+    sim.add_argument(
+        "--simulate", metavar="NAME", help="run on simulated GPUs and engines: a built-in scenario"
+    )
+    sim.add_argument("--scenario-file", metavar="FILE", help="run a scenario from a YAML file")
+    p.add_argument("--speed", type=float, help="scenario seconds per wall second (default 1)")
+    p.add_argument("--interval", type=float, help="seconds between snapshots (default 1)")
+    p.add_argument(
+        "--engine",
+        dest="engines",
+        action="append",
+        metavar="URL",
+        help="an inference engine's /metrics URL, optionally TYPE=URL (repeatable)",
+    )
+    p.add_argument("--log-level", help="debug, info, warning or error")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="llm-gpu-exporter", description="GPU + LLM-engine exporter that explains itself."
+    )
+    top.add_argument("--version", action="version", version=__version__)
+    sub = top.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve /metrics, the diagnosis page and the JSON API")
+    _common(serve)
+    serve.add_argument("--listen", help=f"HOST:PORT (default 0.0.0.0:{DEFAULT_PORT})")
+    serve.add_argument("--web-config-file", help="TLS and basic-auth settings (Prometheus web config format)")
+    serve.add_argument("--probe-dir", help="allocator probe directory")
+    serve.add_argument("--kubelet-socket", help="kubelet pod-resources socket, for pod attribution")
+    serve.add_argument(
+        "--discover-kubernetes",
+        action="store_true",
+        default=None,
+        help="scrape annotated engine pods on this node (NODE_NAME)",
+    )
+    serve.add_argument(
+        "--no-discover-processes",
+        dest="discover_processes",
+        action="store_false",
+        default=None,
+        help="do not look for engine processes on this host",
+    )
+    serve.add_argument(
+        "--collector",
+        dest="collectors_enabled",
+        action="append",
+        metavar="NAME",
+        help="enable a collector that is off by default (repeatable)",
+    )
+    serve.add_argument(
+        "--no-collector",
+        dest="collectors_disabled",
+        action="append",
+        metavar="NAME",
+        help="disable a collector (repeatable)",
+    )
+
+    snap = sub.add_parser("snapshot", help="print one sample as a table")
+    _common(snap)
+    snap.add_argument("--json", action="store_true", help="print the snapshot as JSON")
+
+    diag = sub.add_parser("diagnose", help="report what slows the node down or puts it at OOM risk")
+    _common(diag)
+    diag.add_argument("--url", help="ask a running exporter (http://host:port) instead of sampling here")
+    diag.add_argument("--step", type=float, default=5.0, help="scenario seconds per step with --simulate")
+    return top
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "json", "url", "step")}
+    if flags.get("engines") is not None:
+        flags["engines"] = tuple(flags["engines"])
+    return load(flags, args.config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        settings = settings_from(args)
+    except ConfigError as err:
+        print(f"llm-gpu-exporter: invalid configuration: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if settings.simulate and settings.simulate not in builtin_names():
+        print(
+            f"llm-gpu-exporter: unknown scenario {settings.simulate!r}; known: {', '.join(builtin_names())}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    try:
+        if args.command == "serve":
+            return serve(settings)
+        if args.command == "snapshot":
+            return snapshot(settings, as_json=args.json)
+        return diagnose(settings, url=args.url, step=args.step)
+    except NvmlUnavailable as err:
+        print(f"llm-gpu-exporter: {err}; {NO_DRIVER_HINT}", file=sys.stderr)
+        return EXIT_NO_DRIVER
+    except (ScenarioError, ConfigError) as err:
+        print(f"llm-gpu-exporter: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def serve(settings: Settings) -> int:
+    import uvicorn
+
+    from exporter import app, webconfig
+    from exporter.server import create_app
+
+    web = webconfig.load(settings.web_config_file) if settings.web_config_file else None
+    exporter = app.build(settings)
+    exporter.runner.start()
+    scheme = "https" if web is not None and web.tls else "http"
+    shown = "localhost" if settings.host in ("0.0.0.0", "::") else settings.host
+    source = f"simulated: {settings.simulate or settings.scenario_file}" if settings.simulated else "NVML"
+    print(
+        f"llm-gpu-exporter {__version__} serving {scheme}://{shown}:{settings.port}/ ({source})", flush=True
+    )
+    try:
+        uvicorn.run(
+            create_app(exporter.runner, web),
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            access_log=False,
+            **(webconfig.uvicorn_options(web) if web else {}),
+        )
+    finally:
+        exporter.close()
+    return 0
+
+
+def snapshot(settings: Settings, as_json: bool) -> int:
+    from exporter import app
+    from exporter.server import snapshot_json
+    from exporter.table import render_table
+
+    exporter = app.build(settings)
+    try:
+        exporter.runner.step()
+        time.sleep(min(1.0, settings.interval))  # GPM compares two samples
+        snap = exporter.runner.step().snapshot
+    finally:
+        exporter.close()
+    print(json.dumps(snapshot_json(snap), indent=2, default=str) if as_json else render_table(snap))
+    return 0
+
+
+def diagnose(settings: Settings, url: str | None, step: float) -> int:
+    from exporter.diagnosis.report import exit_code, render_text
+
+    data: dict[str, Any]
+    if url is not None:
+        import httpx
+
+        try:
+            data = httpx.get(url.rstrip("/") + "/api/v1/diagnosis", timeout=10).raise_for_status().json()
+        except httpx.HTTPError as err:
+            print(f"llm-gpu-exporter: cannot read the diagnosis from {url}: {err}", file=sys.stderr)
+            return EXIT_USAGE
+    else:
+        from exporter import app
+        from exporter.diagnosis.routes import diagnosis_json
+
+        if settings.simulated:
+            *_, last = app.simulate(settings, step_s=step)
+        else:
+            exporter = app.build(settings)
+            try:
+                last = exporter.runner.step().snapshot
+            finally:
+                exporter.close()
+        assert last is not None
+        data = diagnosis_json(last)
+    print(render_text(data))
+    return int(exit_code(data))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Static GPU facts: name, identity, driver, NUMA placement, modes and limits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from exporter.collectors.base import Context, register
+from exporter.collectors.gpu import GpuCollector
+from exporter.nvml import const as N
+from exporter.nvml import decode
+from exporter.readings import DeviceFacts
+
+# Datasheet peak DRAM bandwidth by product-name fragment; the first match wins.
+PEAK_DRAM_BYTES_PER_SECOND = (
+    ("H200", 4800e9),
+    ("H100 NVL", 3900e9),
+    ("H100 PCIe", 2000e9),
+    ("H100", 3350e9),
+    ("H800", 3350e9),
+    ("A100-SXM4-80GB", 2039e9),
+    ("A100 80GB PCIe", 1935e9),
+    ("A100", 1555e9),
+    ("L40S", 864e9),
+    ("L4", 300e9),
+    ("A10G", 600e9),
+    ("A10", 600e9),
+    ("B200", 8000e9),
+)
+
+
+def peak_dram_bandwidth(name: str) -> float | None:
+    return next((bw for key, bw in PEAK_DRAM_BYTES_PER_SECOND if key in name), None)
+
+
+class DeviceCollector(GpuCollector):
+    name = "device"
+    default_interval = 60.0
+    follows_interval = False
+
+    def __init__(self, ctx: Context, sysfs: str = "/sys") -> None:
+        super().__init__(ctx)
+        self.sysfs = Path(sysfs)
+        self._driver: str | None = None
+        self._cuda: str | None = None
+
+    def _system(self) -> tuple[str, str]:
+        if self._driver is None:
+            q = self.nvml.query
+            self._driver = decode(q(N.nvmlSystemGetDriverVersion) or "")
+            cuda = q(N.nvmlSystemGetCudaDriverVersion)
+            self._cuda = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else ""
+        return self._driver, self._cuda or ""
+
+    def _numa(self, h: Any, bus_id: str) -> str:
+        node = self.nvml.query(N.nvmlDeviceGetNumaNodeId, h)
+        if node is None:  # older drivers: the PCI device's sysfs entry knows
+            path = self.sysfs / "bus/pci/devices" / bus_id.lower()[4:] / "numa_node"
+            try:
+                node = int(path.read_text())
+            except (OSError, ValueError):
+                return ""
+        return str(node) if node >= 0 else ""
+
+    def read(self, index: int, h: Any) -> DeviceFacts:
+        q = self.nvml.query
+        driver, cuda = self._system()
+        name = decode(q(N.nvmlDeviceGetName, h) or "")
+        pci = q(N.nvmlDeviceGetPciInfo, h)
+        bus_id = decode(pci.busId) if pci is not None else ""
+        mig = q(N.nvmlDeviceGetMigMode, h)
+        persistence = q(N.nvmlDeviceGetPersistenceMode, h)
+        memory = q(N.nvmlDeviceGetMemoryInfo, h)
+        limits = q(N.nvmlDeviceGetPowerManagementLimitConstraints, h)
+        sm_max = q(N.nvmlDeviceGetMaxClockInfo, h, N.NVML_CLOCK_SM)
+        mem_max = q(N.nvmlDeviceGetMaxClockInfo, h, N.NVML_CLOCK_MEM)
+        labels = {
+            "name": name,
+            "pci_bus_id": bus_id,
+            "driver_version": driver,
+            "cuda_version": cuda,
+            "numa_node": self._numa(h, bus_id) if bus_id else "",
+            "mig_mode": "" if mig is None else ("enabled" if mig[0] else "disabled"),
+            "persistence_mode": "" if persistence is None else ("enabled" if persistence else "disabled"),
+        }
+        return DeviceFacts(
+            uuid=decode(q(N.nvmlDeviceGetUUID, h) or ""),
+            labels=labels,
+            memory_total_bytes=memory.total if memory is not None else None,
+            sm_clock_max_hertz=sm_max * 1e6 if sm_max is not None else None,
+            memory_clock_max_hertz=mem_max * 1e6 if mem_max is not None else None,
+            power_limit_max_watts=limits[1] / 1000 if limits is not None else None,
+            dram_bandwidth_peak_bytes_per_second=peak_dram_bandwidth(name),
+            pcie_link_generation_max=q(N.nvmlDeviceGetMaxPcieLinkGeneration, h),
+            pcie_link_width_max=q(N.nvmlDeviceGetMaxPcieLinkWidth, h),
+        )
+
+
+@register("device", "GPU identity, driver, NUMA node, modes and limits (every 60 s)")
+def _factory(ctx: Context) -> DeviceCollector:
+    return DeviceCollector(ctx)

@@ -1,0 +1,104 @@
+"""XID critical errors, caught on a thread of their own that waits on NVML events."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from typing import Any
+
+from exporter.collectors.base import Context, Output, register
+from exporter.nvml import Nvml, NvmlError
+from exporter.nvml import const as N
+from exporter.readings import Xid
+
+log = logging.getLogger(__name__)
+
+# Started at zero so the first occurrence is an increase, not a new series: the ones an
+# operator acts on (13 graphics exception, 31 MMU fault, 43 reset channel, 48 DBE,
+# 63/64 row remap, 74 NVLink, 79 fallen off the bus, 92/94/95 ECC events).
+KNOWN_XIDS = (13, 31, 43, 48, 63, 64, 74, 79, 92, 94, 95)
+WAIT_MS = 1000
+
+
+class XidCollector:
+    name = "xid"
+
+    def __init__(self, ctx: Context) -> None:
+        assert ctx.nvml is not None
+        self.nvml: Nvml = ctx.nvml
+        self.interval_s = ctx.settings.interval
+        self._counts: dict[int, Counter[int]] = {}
+        self._errors: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._event_set: Any = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="xid-events", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _register(self) -> bool:
+        self._event_set = self.nvml.query(N.nvmlEventSetCreate)
+        if self._event_set is None:
+            return False
+        for index in range(self.nvml.count):
+            try:
+                h = self.nvml.handle(index)
+                if not self.nvml.supported(
+                    N.nvmlDeviceRegisterEvents, h, N.nvmlEventTypeXidCriticalError, self._event_set
+                ):
+                    continue
+            except NvmlError as err:
+                self._count_error(err.name)
+                continue
+            with self._lock:
+                self._counts[index] = Counter({x: 0 for x in KNOWN_XIDS})
+        return bool(self._counts)
+
+    def _run(self) -> None:
+        try:
+            if not self._register():
+                log.info("XID events are not supported here; XID counters stay absent")
+                return
+        except NvmlError as err:
+            self._count_error(err.name)
+            return
+        while not self._stop.is_set():
+            try:
+                data = self.nvml.query(N.nvmlEventSetWait_v2, self._event_set, WAIT_MS)
+            except NvmlError as err:
+                if err.name != "Timeout":
+                    self._count_error(err.name)
+                    self._stop.wait(1.0)
+                continue
+            if data is None:
+                return
+            index = self.nvml.index_of(data.device)
+            if index is not None:
+                self.record(index, int(data.eventData))
+                log.warning("GPU %d reported XID %d", index, data.eventData)
+
+    def _count_error(self, name: str) -> None:
+        with self._lock:
+            self._errors[name] += 1
+
+    def collect(self) -> Output:
+        with self._lock:
+            gpus: dict[int, tuple[object, ...]] = {i: (Xid(counts=dict(c)),) for i, c in self._counts.items()}
+            errors, self._errors = dict(self._errors), Counter()
+        return Output(gpus=gpus, errors=errors)
+
+    def record(self, index: int, xid: int) -> None:
+        """Count one XID event on a GPU."""
+        with self._lock:
+            self._counts.setdefault(index, Counter())[xid] += 1
+
+
+@register("xid", "XID critical errors from NVML events (own thread)")
+def _factory(ctx: Context) -> XidCollector:
+    return XidCollector(ctx)

@@ -1,0 +1,248 @@
+"""Runs the collectors in the background and publishes one snapshot per cycle.
+
+Each collector has a thread of its own and its own interval, so a hung NVML call
+stalls only that collector. Every `interval` seconds the publish loop composes a
+snapshot from the latest output of every collector, lets the enrichers add what is
+derived from the whole picture (engine-GPU join, diagnosis), and renders it once;
+/metrics serves those bytes until the next cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from exporter import __version__
+from exporter.collectors.base import Collector, Output
+from exporter.exposition import Rendered, render
+from exporter.readings import DeviceFacts, Xid
+from exporter.snapshot import CollectorStatus, ExporterInfo, GpuState, Snapshot
+
+log = logging.getLogger(__name__)
+
+KEPT_WHEN_DOWN = (DeviceFacts, Xid)
+Enricher = Callable[[Snapshot], tuple[object, ...]]
+Attribution = Callable[[str], Mapping[str, str]]  # GPU uuid -> namespace/pod/container
+
+
+@dataclass
+class ServeStats:
+    """Counters the HTTP side bumps and the next cycle exposes."""
+
+    scrapes: int = 0
+    auth_failures: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class _Slot:
+    collector: Collector
+    output: Output | None = None
+    completed_at: float | None = None  # monotonic
+    duration: float = 0.0
+    runs: int = 0
+    success: bool = False
+    errors: Counter[str] = field(default_factory=Counter)
+    logged: set[str] = field(default_factory=set)
+
+
+class Runner:
+    def __init__(
+        self,
+        collectors: Sequence[Collector],
+        *,
+        interval: float,
+        gpu_count: int,
+        enrichers: Sequence[Enricher] = (),
+        clock: Callable[[], float] = time.time,
+        simulated: bool = False,
+        attribution: Attribution | None = None,
+    ) -> None:
+        self.interval = interval
+        self.gpu_count = gpu_count
+        self.enrichers = list(enrichers)
+        self.clock = clock
+        self.simulated = simulated
+        self.attribution = attribution
+        self.stats = ServeStats()
+        self._slots = [_Slot(c) for c in collectors]
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._cycle_seconds = 0.0
+        self._uuids: dict[int, str] = {}  # last known, for GPUs that stopped answering
+        self.published: Rendered | None = None
+
+    # ---- running -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        for slot in self._slots:
+            starter = getattr(slot.collector, "start", None)
+            if starter is not None:
+                starter()
+            self._spawn(f"collector-{slot.collector.name}", self._loop, slot)
+        self._spawn("publisher", self._publish_loop)
+
+    def _spawn(self, name: str, target: Callable[..., None], *args: object) -> None:
+        t = threading.Thread(target=target, args=args, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for slot in self._slots:
+            stopper = getattr(slot.collector, "stop", None)
+            if stopper is not None:
+                stopper()
+
+    def _loop(self, slot: _Slot) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.run_collector(slot)
+            self._stop.wait(max(0.0, slot.collector.interval_s - (time.monotonic() - started)))
+
+    def _publish_loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.publish()
+            except Exception:  # a bug in one cycle must not end publishing
+                log.exception("publishing a snapshot failed")
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+
+    def run_collector(self, slot: _Slot) -> None:
+        started = time.monotonic()
+        try:
+            output: Output | None = slot.collector.collect()
+        except Exception as err:  # isolate: count it, keep the others running
+            name = type(err).__name__
+            if name not in slot.logged:
+                slot.logged.add(name)
+                log.exception("collector %s failed", slot.collector.name)
+            output = None
+            errors: Mapping[str, int] = {name: 1}
+        else:
+            assert output is not None
+            errors = output.errors
+        finished = time.monotonic()
+        with self._lock:
+            slot.runs += 1
+            slot.duration = finished - started
+            slot.success = not errors
+            slot.errors.update(errors)
+            if output is not None:
+                slot.output = output
+                slot.completed_at = finished
+
+    def step(self) -> Rendered:
+        """Run every collector once, synchronously, then publish (stepped simulation, CLI)."""
+        for slot in self._slots:
+            refresh = getattr(slot.collector, "refresh", None)
+            if refresh is not None:
+                refresh()
+            self.run_collector(slot)
+        return self.publish()
+
+    # ---- composing -----------------------------------------------------------------------
+
+    def publish(self) -> Rendered:
+        started = time.monotonic()
+        snapshot = self.compose()
+        for enrich in self.enrichers:
+            try:
+                added = enrich(snapshot)
+            except Exception:
+                log.exception("enricher %s failed", getattr(enrich, "__name__", enrich))
+                continue
+            snapshot = snapshot.with_node(added)
+        rendered = render(snapshot)
+        self._cycle_seconds = time.monotonic() - started
+        self.published = rendered
+        return rendered
+
+    def compose(self) -> Snapshot:
+        now_wall = time.monotonic()
+        with self._lock:
+            slots = [
+                (s.collector, s.output, s.completed_at, s.duration, s.runs, s.success, dict(s.errors))
+                for s in self._slots
+            ]
+        fresh: list[Output] = []
+        statuses = []
+        for collector, output, completed, duration, runs, success, errors in slots:
+            age = None if completed is None else now_wall - completed
+            statuses.append(
+                CollectorStatus(
+                    collector=collector.name,
+                    success=int(success) if runs else None,
+                    duration_seconds=duration if runs else None,
+                    sample_age_seconds=age,
+                    runs=runs,
+                    errors=errors or None,
+                )
+            )
+            # A collector stuck in a hung call stops speaking for its GPUs after a while.
+            if (
+                output is not None
+                and age is not None
+                and age <= max(3 * collector.interval_s, 3 * self.interval, 5.0)
+            ):
+                fresh.append(output)
+
+        gpus = []
+        for index in range(self.gpu_count):
+            readings: dict[type, object] = {}
+            supported: dict[str, bool] = {}
+            up = True
+            for out in fresh:
+                if index in out.gpu_errors:
+                    up = False
+                for r in out.gpus.get(index, ()):
+                    readings[type(r)] = r
+                    family = getattr(r, "family", None)
+                    if family:
+                        supported[family] = True
+                for family in out.unsupported.get(index, ()):
+                    supported.setdefault(family, False)
+            facts = readings.get(DeviceFacts)
+            if not up:  # a GPU that stopped answering keeps its identity and its XIDs
+                readings = {k: v for k, v in readings.items() if k in KEPT_WHEN_DOWN}
+                supported = {f: s for f, s in supported.items() if f in ("device", "xid")}
+            uuid = facts.uuid if isinstance(facts, DeviceFacts) else ""
+            gpus.append(
+                GpuState(
+                    index=index,
+                    uuid=uuid or self._uuids.get(index, ""),
+                    up=up,
+                    readings=readings,
+                    supported=supported,
+                    attribution=self.attribution(uuid) if self.attribution and uuid else {},
+                )
+            )
+            if uuid:
+                self._uuids[index] = uuid
+
+        node: dict[type, tuple[object, ...]] = {}
+        for out in fresh:
+            for r in out.node:
+                node[type(r)] = (*node.get(type(r), ()), r)
+        node[ExporterInfo] = (
+            ExporterInfo(
+                build={"version": __version__, "python_version": platform.python_version()},
+                simulated=int(self.simulated),
+                cycle_seconds=self._cycle_seconds,
+                scrapes=self.stats.scrapes,
+                auth_failures=dict(self.stats.auth_failures) or None,
+            ),
+        )
+        return Snapshot(
+            taken_at=self.clock(),
+            gpus=tuple(gpus),
+            node=node,
+            collectors=tuple(statuses),
+            simulated=self.simulated,
+        )

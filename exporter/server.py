@@ -1,0 +1,103 @@
+"""The HTTP side: serves what the runner last published; never touches NVML or an engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from exporter import __version__
+from exporter.exposition import OPENMETRICS, TEXT
+from exporter.runner import Runner
+from exporter.snapshot import Snapshot
+from exporter.webconfig import AuthMiddleware, WebConfig
+
+
+def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:
+    """The snapshot as plain JSON: every reading under its class name."""
+
+    def readings(items: Any) -> dict[str, Any]:
+        return {type(r).__name__: _asdict(r) for r in items}
+
+    return {
+        "taken_at": snapshot.taken_at,
+        "simulated": snapshot.simulated,
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "up": g.up,
+                "supported": dict(g.supported),
+                "attribution": dict(g.attribution),
+                "readings": readings(g.readings.values()),
+            }
+            for g in snapshot.gpus
+        ],
+        "node": {cls.__name__: [_asdict(r) for r in items] for cls, items in snapshot.node.items()},
+        "collectors": [dataclasses.asdict(c) for c in snapshot.collectors],
+    }
+
+
+def _asdict(reading: Any) -> dict[str, Any]:
+    return dataclasses.asdict(reading) if dataclasses.is_dataclass(reading) else {"value": repr(reading)}
+
+
+def create_app(runner: Runner, web: WebConfig | None = None) -> FastAPI:
+    app = FastAPI(title="llm-gpu-exporter", version=__version__, docs_url=None, redoc_url=None)
+
+    @app.get("/metrics")
+    def metrics(request: Request) -> Response:
+        rendered = runner.published
+        if rendered is None:
+            return PlainTextResponse("no sample yet\n", status_code=503)
+        runner.stats.scrapes += 1
+        if "application/openmetrics-text" in request.headers.get("accept", ""):
+            return Response(rendered.openmetrics(), media_type=OPENMETRICS)
+        if "gzip" in request.headers.get("accept-encoding", ""):
+            return Response(rendered.text_gzip, headers={"content-type": TEXT, "content-encoding": "gzip"})
+        return Response(rendered.text, headers={"content-type": TEXT})
+
+    @app.get("/healthz")
+    def healthz() -> PlainTextResponse:
+        return PlainTextResponse("ok\n")
+
+    @app.get("/readyz")
+    def readyz() -> JSONResponse:
+        rendered = runner.published
+        age = None if rendered is None else time.monotonic() - rendered.rendered_at
+        ready = age is not None and age <= max(3 * runner.interval, 5.0)
+        body = {
+            "ready": ready,
+            "sample_age_seconds": age,
+            "gpus": []
+            if rendered is None
+            else [{"index": g.index, "uuid": g.uuid, "up": g.up} for g in rendered.snapshot.gpus],
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/api/v1/snapshot")
+    def snapshot() -> Response:
+        rendered = runner.published
+        if rendered is None:
+            return JSONResponse({"error": "no sample yet"}, status_code=503)
+        return Response(
+            json.dumps(snapshot_json(rendered.snapshot), default=str), media_type="application/json"
+        )
+
+    if importlib.util.find_spec("exporter.diagnosis.routes") is not None:
+        from exporter.diagnosis.routes import router
+
+        app.include_router(router(lambda: runner.published.snapshot if runner.published else None))
+
+    if web is not None and (web.users or web.require_client_cert):
+
+        def count(reason: str) -> None:
+            runner.stats.auth_failures[reason] += 1
+
+        app.add_middleware(AuthMiddleware, cfg=web, on_failure=count)  # type: ignore[arg-type]
+    return app

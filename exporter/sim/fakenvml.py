@@ -1,0 +1,551 @@
+# mypy: disable-error-code="no-any-return"
+# (pynvml is untyped: its constants and ctypes fields read as Any)
+"""A fake NVML library that stands where libnvidia-ml.so would, under pynvml.
+
+`install(timeline)` puts a `FakeLibrary` in `pynvml.nvmlLib`: pynvml then calls its
+functions with the same ctypes arguments it passes to the real library, and they fill
+the same out-parameters and return the same status codes. Everything above pynvml —
+the exporter's NVML layer and collectors — runs unchanged. Values come from the
+scenario timeline; faults (errors, hangs, lost GPUs, XID events) from its fault list.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pynvml as N
+
+from exporter.sim.scenario import Scenario, Timeline
+
+OK = N.NVML_SUCCESS
+NOT_SUPPORTED = N.NVML_ERROR_NOT_SUPPORTED
+ERROR_CODES = {
+    cls.__name__.removeprefix("NVMLError_"): code for code, cls in N.NVMLError._valClassMapping.items()
+}
+HANDLE_BASE = 0x10_0000  # handles are opaque addresses nothing dereferences
+MIG_HANDLE_BASE = 0x20_0000
+EVENT_SET = 0x30_0000
+MIB = 1024 * 1024
+
+THROTTLE_BITS = {
+    "throttle_power_cap": N.nvmlClocksEventReasonSwPowerCap,
+    "throttle_sw_thermal": N.nvmlClocksEventReasonSwThermalSlowdown,
+    "throttle_hw_thermal": N.nvmlClocksEventReasonHwThermalSlowdown,
+    "throttle_hw_slowdown": N.nvmlClocksEventReasonHwSlowdown,
+    "throttle_power_brake": N.nvmlClocksEventReasonHwPowerBrakeSlowdown,
+}
+# Field id -> (timeline key integrated, scale): counters are integrals of rates.
+THROTTLE_FIELDS = {
+    N.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP: "throttle_power_cap",
+    N.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: "throttle_sw_thermal",
+    N.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: "throttle_hw_thermal",
+    N.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: "throttle_power_brake",
+}
+GPM_KEYS = {
+    N.NVML_GPM_METRIC_SM_UTIL: ("sm_active", 100.0),
+    N.NVML_GPM_METRIC_SM_OCCUPANCY: ("sm_occupancy", 100.0),
+    N.NVML_GPM_METRIC_ANY_TENSOR_UTIL: ("tensor_active", 100.0),
+    N.NVML_GPM_METRIC_DRAM_BW_UTIL: ("dram_active", 100.0),
+    N.NVML_GPM_METRIC_FP16_UTIL: ("fp16_active", 100.0),
+    N.NVML_GPM_METRIC_FP32_UTIL: ("fp32_active", 100.0),
+    N.NVML_GPM_METRIC_FP64_UTIL: ("fp64_active", 100.0),
+    N.NVML_GPM_METRIC_PCIE_TX_PER_SEC: ("pcie_tx_bps", 1 / MIB),
+    N.NVML_GPM_METRIC_PCIE_RX_PER_SEC: ("pcie_rx_bps", 1 / MIB),
+    N.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: ("nvlink_tx_bps", 1 / MIB),
+    N.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: ("nvlink_rx_bps", 1 / MIB),
+}
+
+
+def _val(x: Any) -> Any:
+    return x.value if hasattr(x, "value") else x
+
+
+def _out(ref: Any) -> Any:
+    """The ctypes object behind a byref() argument."""
+    return ref._obj
+
+
+def _set_pointer(ref: Any, address: int) -> None:
+    ctypes.cast(ctypes.pointer(_out(ref)), ctypes.POINTER(ctypes.c_void_p)).contents.value = address
+
+
+def _address(handle: Any) -> int:
+    return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+
+def _noise(t: float, gpu: int, key: str) -> float:
+    """A small deterministic wobble so charts look alive without hiding the story."""
+    return 1.0 + 0.015 * math.sin(t * 0.7 + gpu * 1.3 + len(key))
+
+
+class FakeLibrary:
+    """Answers pynvml's C calls from a scenario timeline."""
+
+    def __init__(self, timeline: Timeline) -> None:
+        self.t = timeline
+        self.scn: Scenario = timeline.scenario
+        self.model = self.scn.gpu_model
+        self.uuids = [
+            f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'{self.scn.name}/{i}')}" for i in range(self.scn.gpu_count)
+        ]
+        self._gpm_samples: dict[int, tuple[int, float]] = {}  # sample address -> (gpu, time)
+        self._next_sample = 0x40_0000
+        self._xid_seen: set[tuple[int, float]] = set()
+        self._events_for: set[int] = set()
+        self._lock = threading.Lock()
+        self.calls = 0
+        self._build_table()
+
+    # ---- plumbing --------------------------------------------------------------------
+
+    def _build_table(self) -> None:
+        for name in dir(self):
+            if name.startswith("nvml"):
+                setattr(self, name, self._wrap(name, getattr(self, name)))
+
+    def _wrap(self, name: str, fn: Callable[..., int]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            self.calls += 1
+            now = self.t.now()
+            if name in ("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetCount_v2"):
+                gpu = _val(args[0]) if name.endswith("Index_v2") else None
+            else:
+                gpu = self._gpu_of(args[0]) if args and name.startswith("nvmlDevice") else None
+            for f in self.t.faults("hang", now):
+                if _matches(f.function, name) and (f.gpu is None or f.gpu == gpu):
+                    time.sleep(f.seconds)
+            if gpu is not None and gpu >= 0:
+                for f in self.t.faults("lost", now):
+                    if f.gpu is None or f.gpu == gpu:
+                        return ERROR_CODES["GpuIsLost"]
+            for f in self.t.faults("error", now):
+                if _matches(f.function, name) and (f.gpu is None or f.gpu == gpu):
+                    return ERROR_CODES.get(f.error, ERROR_CODES["Unknown"])
+            return fn(*args)
+
+        if name == "nvmlErrorString":
+            return fn  # pynvml sets restype on it; it returns bytes, not a status
+        return call
+
+    def _gpu_of(self, handle: Any) -> int:
+        addr = _address(handle)
+        if HANDLE_BASE <= addr < HANDLE_BASE + self.scn.gpu_count:
+            return addr - HANDLE_BASE
+        if MIG_HANDLE_BASE <= addr < MIG_HANDLE_BASE + 0x10000:
+            return (addr - MIG_HANDLE_BASE) // 16
+        return -1
+
+    def v(self, gpu: int, key: str) -> float:
+        now = self.t.now()
+        return self.t.gpu(gpu, key, now) * _noise(now, gpu, key)
+
+    # ---- library -----------------------------------------------------------------------
+
+    def nvmlInitWithFlags(self, flags: Any) -> int:
+        return OK
+
+    def nvmlShutdown(self) -> int:
+        return OK
+
+    def nvmlErrorString(self, code: Any) -> bytes:
+        for name, c in ERROR_CODES.items():
+            if c == _val(code):
+                return name.encode()
+        return b"Unknown Error"
+
+    def nvmlSystemGetDriverVersion(self, buf: Any, size: Any) -> int:
+        buf.value = b"560.35.03"
+        return OK
+
+    def nvmlSystemGetCudaDriverVersion(self, ref: Any) -> int:
+        _out(ref).value = 12060
+        return OK
+
+    def nvmlSystemGetCudaDriverVersion_v2(self, ref: Any) -> int:
+        return self.nvmlSystemGetCudaDriverVersion(ref)
+
+    def nvmlDeviceGetCount_v2(self, ref: Any) -> int:
+        _out(ref).value = self.scn.gpu_count
+        return OK
+
+    def nvmlDeviceGetHandleByIndex_v2(self, index: Any, ref: Any) -> int:
+        i = _val(index)
+        if not 0 <= i < self.scn.gpu_count:
+            return N.NVML_ERROR_INVALID_ARGUMENT
+        _set_pointer(ref, HANDLE_BASE + i)
+        return OK
+
+    # ---- facts ---------------------------------------------------------------------------
+
+    def nvmlDeviceGetName(self, h: Any, buf: Any, size: Any) -> int:
+        buf.value = self.model.name.encode()
+        return OK
+
+    def nvmlDeviceGetUUID(self, h: Any, buf: Any, size: Any) -> int:
+        addr = _address(h)
+        if addr >= MIG_HANDLE_BASE:
+            gpu, slot = divmod(addr - MIG_HANDLE_BASE, 16)
+            buf.value = f"MIG-{uuid.uuid5(uuid.NAMESPACE_URL, f'{self.scn.name}/{gpu}/{slot}')}".encode()
+        else:
+            buf.value = self.uuids[self._gpu_of(h)].encode()
+        return OK
+
+    def nvmlDeviceGetPciInfo_v3(self, h: Any, ref: Any) -> int:
+        gpu = self._gpu_of(h)
+        info = _out(ref)
+        info.busId = f"00000000:{0x18 + gpu * 0x10:02X}:00.0".encode()
+        info.busIdLegacy = info.busId[4:]
+        info.bus = 0x18 + gpu * 0x10
+        info.pciDeviceId = 0x233010DE
+        return OK
+
+    def nvmlDeviceGetNumaNodeId(self, h: Any, ref: Any) -> int:
+        _out(ref).value = 0 if self._gpu_of(h) < max(1, self.scn.gpu_count // 2) else 1
+        return OK
+
+    def nvmlDeviceGetMigMode(self, h: Any, cur: Any, pending: Any) -> int:
+        if not self.model.gpm and self.model.nvlinks == 0:
+            return NOT_SUPPORTED  # no MIG on this model (L4)
+        on = int(self.scn.mig is not None and self._gpu_of(h) in self.scn.mig.gpus)
+        _out(cur).value = on
+        _out(pending).value = on
+        return OK
+
+    def nvmlDeviceGetPersistenceMode(self, h: Any, ref: Any) -> int:
+        _out(ref).value = 1
+        return OK
+
+    def nvmlDeviceGetMaxClockInfo(self, h: Any, kind: Any, ref: Any) -> int:
+        hz = (
+            self.model.sm_clock_max_hertz
+            if _val(kind) == N.NVML_CLOCK_SM
+            else self.model.memory_clock_max_hertz
+        )
+        _out(ref).value = int(hz / 1e6)
+        return OK
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, h: Any, lo: Any, hi: Any) -> int:
+        _out(lo).value = int(self.model.power_limit_watts * 1000 * 0.3)
+        _out(hi).value = int(self.model.power_limit_watts * 1000)
+        return OK
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: Any, ref: Any) -> int:
+        _out(ref).value = self.model.pcie_generation
+        return OK
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: Any, ref: Any) -> int:
+        _out(ref).value = self.model.pcie_width
+        return OK
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: Any, ref: Any) -> int:
+        return self.nvmlDeviceGetMaxPcieLinkGeneration(h, ref)
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: Any, ref: Any) -> int:
+        return self.nvmlDeviceGetMaxPcieLinkWidth(h, ref)
+
+    # ---- status --------------------------------------------------------------------------
+
+    def nvmlDeviceGetUtilizationRates(self, h: Any, ref: Any) -> int:
+        g = self._gpu_of(h)
+        out = _out(ref)
+        out.gpu = min(100, round(self.v(g, "util") * 100))
+        out.memory = min(100, round(self.v(g, "mem_busy") * 100))
+        return OK
+
+    def _memory(self, g: int) -> tuple[int, int, int]:
+        total = self.model.memory_bytes
+        reserved = 512 * MIB
+        used = min(total - reserved, int(self.t.gpu(g, "memory_used_ratio") * total))
+        return total, reserved, used
+
+    def nvmlDeviceGetMemoryInfo_v2(self, h: Any, ref: Any) -> int:
+        if _address(h) >= MIG_HANDLE_BASE:
+            return self._mig_memory(h, ref)
+        total, reserved, used = self._memory(self._gpu_of(h))
+        out = _out(ref)
+        out.total, out.reserved, out.used = total, reserved, used
+        out.free = total - reserved - used
+        return OK
+
+    def nvmlDeviceGetMemoryInfo(self, h: Any, ref: Any) -> int:
+        if _address(h) >= MIG_HANDLE_BASE:
+            return self._mig_memory(h, ref)
+        total, reserved, used = self._memory(self._gpu_of(h))
+        out = _out(ref)
+        out.total, out.used, out.free = total, used + reserved, total - used - reserved
+        return OK
+
+    def nvmlDeviceGetBAR1MemoryInfo(self, h: Any, ref: Any) -> int:
+        out = _out(ref)
+        out.bar1Total = 128 * 1024 * MIB
+        out.bar1Used = 40 * MIB
+        out.bar1Free = out.bar1Total - out.bar1Used
+        return OK
+
+    def nvmlDeviceGetClockInfo(self, h: Any, kind: Any, ref: Any) -> int:
+        g = self._gpu_of(h)
+        if _val(kind) == N.NVML_CLOCK_SM:
+            hz = self.model.sm_clock_max_hertz * min(1.0, self.t.gpu(g, "sm_clock_ratio"))
+        else:
+            hz = self.model.memory_clock_max_hertz * min(1.0, self.t.gpu(g, "mem_clock_ratio"))
+        _out(ref).value = int(hz / 1e6)
+        return OK
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: Any, ref: Any) -> int:
+        g = self._gpu_of(h)
+        bits = 0
+        for key, bit in THROTTLE_BITS.items():
+            if self.t.gpu(g, key) >= 0.5:
+                bits |= bit
+        if self.t.gpu(g, "util") < 0.01:
+            bits |= N.nvmlClocksEventReasonGpuIdle
+        _out(ref).value = bits
+        return OK
+
+    def nvmlDeviceGetPowerUsage(self, h: Any, ref: Any) -> int:
+        g = self._gpu_of(h)
+        _out(ref).value = int(self.v(g, "power_ratio") * self.model.power_limit_watts * 1000)
+        return OK
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: Any, ref: Any) -> int:
+        _out(ref).value = int(self.model.power_limit_watts * 1000)
+        return OK
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: Any, ref: Any) -> int:
+        g = self._gpu_of(h)
+        joules = self.t.gpu_integral(g, "power_ratio") * self.model.power_limit_watts
+        _out(ref).value = int(joules * 1000)
+        return OK
+
+    def nvmlDeviceGetTemperature(self, h: Any, sensor: Any, ref: Any) -> int:
+        _out(ref).value = round(self.v(self._gpu_of(h), "temp_c"))
+        return OK
+
+    def nvmlDeviceGetFieldValues(self, h: Any, count: Any, ref: Any) -> int:
+        g = self._gpu_of(h)
+        values = _out(ref)
+        for i in range(_val(count)):
+            fv = values[i]
+            value = self._field(g, fv.fieldId, fv.scopeId)
+            if value is None:
+                fv.nvmlReturn = NOT_SUPPORTED
+                continue
+            fv.nvmlReturn = OK
+            fv.valueType = N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            fv.value.ullVal = int(value)
+            fv.timestamp = int(time.time() * 1e6)
+        return OK
+
+    def _field(self, g: int, fid: int, scope: int) -> float | None:
+        t = self.t
+        if fid == N.NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
+            return t.gpu_integral(g, "pcie_tx_bps")
+        if fid == N.NVML_FI_DEV_PCIE_COUNT_RX_BYTES:
+            return t.gpu_integral(g, "pcie_rx_bps")
+        if fid == N.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
+            return t.gpu_integral(g, "pcie_replay_rate")
+        if fid == N.NVML_FI_DEV_MEMORY_TEMP:
+            return self.v(g, "mem_temp_c")
+        if fid in THROTTLE_FIELDS:  # nanoseconds held down
+            return t.gpu_integral(g, THROTTLE_FIELDS[fid]) * 1e9
+        if fid in (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX):
+            if scope >= self.model.nvlinks:
+                return None
+            key = "nvlink_tx_bps" if fid == N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX else "nvlink_rx_bps"
+            return t.gpu_integral(g, key) / self.model.nvlinks / 1024  # KiB
+        return None
+
+    # ---- GPM -------------------------------------------------------------------------------
+
+    def nvmlGpmQueryDeviceSupport(self, h: Any, ref: Any) -> int:
+        _out(ref).isSupportedDevice = int(self.model.gpm)
+        return OK
+
+    def nvmlGpmSampleAlloc(self, ref: Any) -> int:
+        with self._lock:
+            self._next_sample += 1
+            _set_pointer(ref, self._next_sample)
+        return OK
+
+    def nvmlGpmSampleFree(self, sample: Any) -> int:
+        self._gpm_samples.pop(_address(sample), None)
+        return OK
+
+    def nvmlGpmSampleGet(self, h: Any, sample: Any) -> int:
+        if not self.model.gpm:
+            return NOT_SUPPORTED
+        self._gpm_samples[_address(sample)] = (self._gpu_of(h), self.t.now())
+        return OK
+
+    def nvmlGpmMetricsGet(self, ref: Any) -> int:
+        mg = _out(ref)
+        first = self._gpm_samples.get(_address(mg.sample1))
+        second = self._gpm_samples.get(_address(mg.sample2))
+        if first is None or second is None:
+            return N.NVML_ERROR_INVALID_ARGUMENT
+        g, now = second
+        for i in range(mg.numMetrics):
+            m = mg.metrics[i]
+            spec = GPM_KEYS.get(m.metricId)
+            if spec is None:
+                m.nvmlReturn = NOT_SUPPORTED
+                continue
+            key, scale = spec
+            m.nvmlReturn = OK
+            m.value = self.t.gpu(g, key, now) * _noise(now, g, key) * scale
+        return OK
+
+    # ---- NVLink, ECC -----------------------------------------------------------------------
+
+    def nvmlDeviceGetNvLinkState(self, h: Any, link: Any, ref: Any) -> int:
+        if _val(link) >= self.model.nvlinks:
+            return NOT_SUPPORTED if self.model.nvlinks == 0 else N.NVML_ERROR_INVALID_ARGUMENT
+        _out(ref).value = 1
+        return OK
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h: Any, link: Any, counter: Any, ref: Any) -> int:
+        g = self._gpu_of(h)
+        if _val(counter) == N.NVML_NVLINK_ERROR_DL_CRC_FLIT:
+            _out(ref).value = int(self.t.gpu_integral(g, "nvlink_error_rate") / max(1, self.model.nvlinks))
+        else:
+            _out(ref).value = 0
+        return OK
+
+    def nvmlDeviceGetTotalEccErrors(self, h: Any, kind: Any, counter: Any, ref: Any) -> int:
+        g = self._gpu_of(h)
+        corrected = _val(kind) == N.NVML_MEMORY_ERROR_TYPE_CORRECTED
+        key = "ecc_corrected_rate" if corrected else "ecc_uncorrected_rate"
+        _out(ref).value = int(self.t.gpu_integral(g, key))
+        return OK
+
+    def nvmlDeviceGetRemappedRows(self, h: Any, corr: Any, unc: Any, pending: Any, failed: Any) -> int:
+        if not self.model.gpm and self.model.nvlinks == 0:
+            return NOT_SUPPORTED
+        g = self._gpu_of(h)
+        uncorrected = int(self.t.gpu_integral(g, "ecc_uncorrected_rate"))
+        _out(corr).value = 0
+        _out(unc).value = uncorrected
+        _out(pending).value = int(uncorrected > 0)
+        _out(failed).value = 0
+        return OK
+
+    # ---- events ----------------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self, ref: Any) -> int:
+        _set_pointer(ref, EVENT_SET)
+        return OK
+
+    def nvmlEventSetFree(self, s: Any) -> int:
+        return OK
+
+    def nvmlDeviceRegisterEvents(self, h: Any, types: Any, s: Any) -> int:
+        self._events_for.add(self._gpu_of(h))
+        return OK
+
+    def nvmlEventSetWait_v2(self, s: Any, ref: Any, timeout_ms: Any) -> int:
+        deadline = time.monotonic() + _val(timeout_ms) / 1000
+        while True:
+            for f in self.t.faults("xid"):
+                key = (f.gpu or 0, f.at)
+                if key not in self._xid_seen and (f.gpu or 0) in self._events_for:
+                    self._xid_seen.add(key)
+                    data = _out(ref)
+                    data.device = ctypes.cast(ctypes.c_void_p(HANDLE_BASE + (f.gpu or 0)), N.c_nvmlDevice_t)
+                    data.eventType = N.nvmlEventTypeXidCriticalError
+                    data.eventData = f.xid
+                    return OK
+            if time.monotonic() >= deadline:
+                return N.NVML_ERROR_TIMEOUT
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    # ---- processes, MIG ---------------------------------------------------------------------
+
+    def _processes(self, g: int) -> list[tuple[int, int]]:
+        procs = [pids[g] for e in self.scn.engines if g in (pids := self.scn.engine_pids(e.name))]
+        if not procs:
+            return []
+        _, _, used = self._memory(g)
+        return [(pid, used // len(procs)) for pid in procs]
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, h: Any, count: Any, arr: Any) -> int:
+        procs = self._processes(self._gpu_of(h))
+        n = _out(count)
+        if arr is None:
+            n.value = len(procs)
+            return N.NVML_ERROR_INSUFFICIENT_SIZE if procs else OK
+        for i, (pid, mem) in enumerate(procs[: n.value]):
+            arr[i].pid = pid
+            arr[i].usedGpuMemory = mem
+            arr[i].gpuInstanceId = 0xFFFFFFFF
+            arr[i].computeInstanceId = 0xFFFFFFFF
+        n.value = len(procs)
+        return OK
+
+    def _mig_instances(self, g: int) -> tuple[tuple[str, float, int], ...]:
+        if self.scn.mig is None or g not in self.scn.mig.gpus:
+            return ()
+        return self.scn.mig.instances
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: Any, ref: Any) -> int:
+        _out(ref).value = 7
+        return OK
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, index: Any, ref: Any) -> int:
+        g, i = self._gpu_of(h), _val(index)
+        if i >= len(self._mig_instances(g)):
+            return N.NVML_ERROR_NOT_FOUND
+        _set_pointer(ref, MIG_HANDLE_BASE + g * 16 + i)
+        return OK
+
+    def _mig_slot(self, h: Any) -> tuple[int, int]:
+        return divmod(_address(h) - MIG_HANDLE_BASE, 16)
+
+    def _mig_memory(self, h: Any, ref: Any) -> int:
+        g, slot = self._mig_slot(h)
+        _, ratio, _ = self._mig_instances(g)[slot]
+        total = int(self.model.memory_bytes * ratio)
+        used = int(total * min(0.98, self.t.gpu(g, "memory_used_ratio")))
+        out = _out(ref)
+        out.total, out.used, out.free = total, used, total - used
+        if hasattr(out, "reserved"):
+            out.reserved = 0
+        return OK
+
+    def nvmlDeviceGetGpuInstanceId(self, h: Any, ref: Any) -> int:
+        _out(ref).value = self._mig_slot(h)[1] + 1
+        return OK
+
+    def nvmlDeviceGetComputeInstanceId(self, h: Any, ref: Any) -> int:
+        _out(ref).value = 0
+        return OK
+
+    def nvmlDeviceGetAttributes_v2(self, h: Any, ref: Any) -> int:
+        g, slot = self._mig_slot(h)
+        _out(ref).multiprocessorCount = self._mig_instances(g)[slot][2]
+        return OK
+
+
+def _matches(function: str | None, symbol: str) -> bool:
+    """A fault on `nvmlDeviceGetMemoryInfo` also hits its `_v2` symbol."""
+    return function is not None and (symbol == function or symbol.startswith(function + "_v"))
+
+
+def install(timeline: Timeline) -> FakeLibrary:
+    """Make pynvml load the fake library instead of libnvidia-ml."""
+    lib = FakeLibrary(timeline)
+    with N.libLoadLock:
+        N.nvmlLib = lib
+        N._nvmlGetFunctionPointer_cache.clear()
+    return lib
+
+
+def uninstall() -> None:
+    with N.libLoadLock:
+        N.nvmlLib = None
+        N._nvmlGetFunctionPointer_cache.clear()
