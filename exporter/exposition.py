@@ -110,11 +110,11 @@ class Rendered:
     def openmetrics(self) -> bytes:
         with self._lock:
             if self._openmetrics is None:
-                self._openmetrics = generate_openmetrics(_Families(self._families))  # type: ignore[arg-type,no-untyped-call]
+                self._openmetrics = generate_openmetrics(_Families(self._families))  # type: ignore[no-untyped-call]
             return self._openmetrics
 
 
 def render(snapshot: Snapshot) -> Rendered:
     fams = families(snapshot)
-    text = generate_latest(_Families(fams))  # type: ignore[arg-type,no-untyped-call]
+    text = generate_latest(_Families(fams))  # type: ignore[arg-type,unused-ignore]
     return Rendered(snapshot, text, gzip.compress(text, compresslevel=6), fams)

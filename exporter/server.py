@@ -44,7 +44,9 @@ def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:
 
 
 def _asdict(reading: Any) -> dict[str, Any]:
-    return dataclasses.asdict(reading) if dataclasses.is_dataclass(reading) else {"value": repr(reading)}
+    if dataclasses.is_dataclass(reading) and not isinstance(reading, type):
+        return dataclasses.asdict(reading)
+    return {"value": repr(reading)}
 
 
 def create_app(runner: Runner, web: WebConfig | None = None) -> FastAPI:
@@ -99,5 +101,5 @@ def create_app(runner: Runner, web: WebConfig | None = None) -> FastAPI:
         def count(reason: str) -> None:
             runner.stats.auth_failures[reason] += 1
 
-        app.add_middleware(AuthMiddleware, cfg=web, on_failure=count)  # type: ignore[arg-type]
+        app.add_middleware(AuthMiddleware, cfg=web, on_failure=count)
     return app

@@ -13,6 +13,7 @@ import bisect
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -351,7 +352,7 @@ def _values(
     for k, v in raw.items():
         if k not in keys:
             raise fail(f"{where}.{k}", f"one of the known quantities ({', '.join(keys)})")
-        out[k] = _number(v, lambda: fail(f"{where}.{k}", "a number"))
+        out[k] = _number(v, partial(fail, f"{where}.{k}", "a number"))
     return out
 
 
