@@ -103,9 +103,7 @@ def sum_of_squares_fragmentation(free_sizes: Sequence[int]) -> float:
     return (total * total - squares) / (total * total)
 
 
-def free_block_stats(
-    segments: Iterable[Mapping[str, Any]], *, device: int | None = None
-) -> FreeBlockStats:
+def free_block_stats(segments: Iterable[Mapping[str, Any]], *, device: int | None = None) -> FreeBlockStats:
     """Free-block count, bytes, largest block and both fragmentation ratios."""
     sizes = free_block_sizes(segments, device=device)
     return FreeBlockStats(

@@ -52,6 +52,20 @@ LOG_NO_CUDA = "llm-gpu-exporter probe: torch has no CUDA here, writing heartbeat
 LOG_STOPPED = "llm-gpu-exporter probe stopped after an error"
 
 
+def announce(message: str, *args: object) -> None:
+    """Log at INFO; straight to stderr where nobody configured logging yet.
+
+    vLLM's API server loads plugins before it configures its loggers, so an INFO record
+    there would be dropped, and this line is how an operator sees the probe is on.
+    """
+    if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
+        logger.info(message, *args)
+        return
+    with contextlib.suppress(Exception):
+        sys.stderr.write(f"INFO {message % args}\n")
+        sys.stderr.flush()
+
+
 @dataclass(frozen=True)
 class ProbeConfig:
     directory: str
@@ -81,9 +95,7 @@ def parse_interval(raw: str | None) -> float:
         logger.warning("%s=%r is not a number; using %g s", ENV_INTERVAL, raw, DEFAULT_INTERVAL_S)
         return DEFAULT_INTERVAL_S
     if not value >= MIN_INTERVAL_S:  # also catches NaN
-        logger.warning(
-            "%s=%r is below %g s; using %g s", ENV_INTERVAL, raw, MIN_INTERVAL_S, MIN_INTERVAL_S
-        )
+        logger.warning("%s=%r is below %g s; using %g s", ENV_INTERVAL, raw, MIN_INTERVAL_S, MIN_INTERVAL_S)
         return MIN_INTERVAL_S
     return value
 
@@ -242,8 +254,7 @@ class Probe:
     def start(self) -> None:
         if self.config.create_directory:
             os.makedirs(self.config.directory, exist_ok=True)
-        self.thread.start()
-        logger.info(
+        announce(
             "%s in pid %d (%s): writing %s every %g s",
             LOG_STARTED,
             self.pid,
@@ -251,6 +262,7 @@ class Probe:
             self.path,
             self.config.interval_s,
         )
+        self.thread.start()
 
     def stop(self, remove_file: bool = True) -> None:
         self.stop_event.set()
@@ -284,7 +296,7 @@ class Probe:
         state = torch_state(torch)
         changed = state != self.state
         if changed and state == ProbeState.NO_CUDA:
-            logger.info("%s (pid %d)", LOG_NO_CUDA, self.pid)
+            announce("%s (pid %d)", LOG_NO_CUDA, self.pid)
         self.state = state
         if state == ProbeState.SAMPLING:
             assert torch is not None
@@ -343,9 +355,7 @@ def _register() -> None:
             return
         config = config_from_env(os.environ)
         if config is None:
-            logger.debug(
-                "llm-gpu-exporter probe inert: %s unset and %s absent", ENV_DIR, DEFAULT_DIR
-            )
+            logger.debug("llm-gpu-exporter probe inert: %s unset and %s absent", ENV_DIR, DEFAULT_DIR)
             return
         probe = Probe(config)
         probe.start()

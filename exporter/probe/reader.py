@@ -172,6 +172,4 @@ def scan_probe_dir(
         by_pid[key] = report
 
     reports = tuple(sorted(by_pid.values(), key=lambda r: (r.pid_namespace or "", r.pid)))
-    return ProbeScan(
-        reports=reports, rejected=rejected, files_seen=len(names), directory_present=True
-    )
+    return ProbeScan(reports=reports, rejected=rejected, files_seen=len(names), directory_present=True)
