@@ -1,0 +1,1 @@
+"""Inference-engine metrics: targets, scraping, normalization to llmgpu_engine_*, GPU joins."""

@@ -1,0 +1,43 @@
+"""Which GPUs each engine runs on: an enricher joining engine process trees with NVML.
+
+NVML lists the compute processes of every GPU (nvmlDeviceGetComputeRunningProcesses);
+the engines collector knows each engine's process tree (API server, engine cores,
+workers). A GPU belongs to an engine when one of its processes is in that tree. The
+pids must come from the same pid namespace as NVML's: in a pod, the exporter needs
+hostPID.
+"""
+
+from __future__ import annotations
+
+from exporter.engines.readings import EngineGpu, EngineGpus, Engines
+from exporter.readings import Processes
+from exporter.snapshot import Snapshot
+
+
+def engine_gpus(snapshot: Snapshot) -> tuple[object, ...]:
+    """The llmgpu_engine_gpu_info join rows; nothing when no engine matches a GPU."""
+    engines = snapshot.get(Engines)
+    if engines is None:
+        return ()
+    links: list[EngineGpu] = []
+    for gpu in snapshot.gpus:
+        procs = gpu.get(Processes)
+        if procs is None or not procs.items:
+            continue
+        on_gpu = {p.pid for p in procs.items}
+        for target in engines.targets:
+            if not target.pids or not (target.pids & on_gpu):
+                continue
+            models = target.models or tuple(s.model for s in target.status if s.model) or (None,)
+            for model in models:
+                links.append(
+                    EngineGpu(
+                        engine=target.kind or "unknown",
+                        target=target.target,
+                        model=model,
+                        uuid=gpu.uuid,
+                        gpu=str(gpu.index),
+                        present=1,
+                    )
+                )
+    return (EngineGpus(links=tuple(links)),) if links else ()
