@@ -74,7 +74,7 @@ class Runner:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._cycle_seconds = 0.0
-        self._uuids: dict[int, str] = {}  # last known, for GPUs that stopped answering
+        self._facts: dict[int, DeviceFacts] = {}  # last known, for GPUs that stopped answering
         self.published: Rendered | None = None
 
     # ---- running -----------------------------------------------------------------------
@@ -209,22 +209,26 @@ class Runner:
                 for family in out.unsupported.get(index, ()):
                     supported.setdefault(family, False)
             facts = readings.get(DeviceFacts)
+            if isinstance(facts, DeviceFacts):
+                self._facts[index] = facts
+            else:
+                facts = self._facts.get(index)
             if not up:  # a GPU that stopped answering keeps its identity and its XIDs
                 readings = {k: v for k, v in readings.items() if k in KEPT_WHEN_DOWN}
+                if facts is not None:
+                    readings[DeviceFacts] = facts
                 supported = {f: s for f, s in supported.items() if f in ("device", "xid")}
-            uuid = facts.uuid if isinstance(facts, DeviceFacts) else ""
+            uuid = facts.uuid if facts is not None else ""
             gpus.append(
                 GpuState(
                     index=index,
-                    uuid=uuid or self._uuids.get(index, ""),
+                    uuid=uuid,
                     up=up,
                     readings=readings,
                     supported=supported,
                     attribution=self.attribution(uuid) if self.attribution and uuid else {},
                 )
             )
-            if uuid:
-                self._uuids[index] = uuid
 
         node: dict[type, tuple[object, ...]] = {}
         for out in fresh:

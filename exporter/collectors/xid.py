@@ -34,6 +34,8 @@ class XidCollector:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._event_set: Any = None
+        self._register_lock = threading.Lock()
+        self._registered = False
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="xid-events", daemon=True)
@@ -43,9 +45,17 @@ class XidCollector:
         self._stop.set()
 
     def _register(self) -> bool:
+        """Create the event set once; GPUs that take the registration start at zero."""
+        with self._register_lock:
+            if not self._registered:
+                self._registered = True
+                self._register_all()
+        return bool(self._counts)
+
+    def _register_all(self) -> None:
         self._event_set = self.nvml.query(N.nvmlEventSetCreate)
         if self._event_set is None:
-            return False
+            return
         for index in range(self.nvml.count):
             try:
                 h = self.nvml.handle(index)
@@ -58,7 +68,6 @@ class XidCollector:
                 continue
             with self._lock:
                 self._counts[index] = Counter({x: 0 for x in KNOWN_XIDS})
-        return bool(self._counts)
 
     def _run(self) -> None:
         try:
@@ -88,6 +97,10 @@ class XidCollector:
             self._errors[name] += 1
 
     def collect(self) -> Output:
+        try:
+            self._register()
+        except NvmlError as err:
+            self._count_error(err.name)
         with self._lock:
             gpus: dict[int, tuple[object, ...]] = {i: (Xid(counts=dict(c)),) for i, c in self._counts.items()}
             errors, self._errors = dict(self._errors), Counter()

@@ -1,0 +1,52 @@
+"""Shared helpers: build the real exporter on the fake NVML library, on a manual clock."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exporter import app
+from exporter.collectors import load_all
+from exporter.collectors.base import REGISTRY
+from exporter.config import Settings
+
+
+class Sim:
+    """An exporter over a scenario whose clock the test moves."""
+
+    def __init__(self, exporter: app.Exporter, clock: app.ManualClock) -> None:
+        self.exporter = exporter
+        self.clock = clock
+        self.runner = exporter.runner
+
+    def at(self, t: float):  # type: ignore[no-untyped-def]
+        """Move scenario time to t and take one full sample; returns the snapshot."""
+        self.clock.t = t
+        return self.runner.step().snapshot
+
+    def text(self) -> str:
+        assert self.runner.published is not None
+        return self.runner.published.text.decode()
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[object]:
+    made: list[Sim] = []
+
+    def make(scenario: str, **settings: object) -> Sim:
+        path = tmp_path / "scenario.yaml"
+        path.write_text(textwrap.dedent(scenario))
+        load_all()
+        node_only = tuple(n for n in ("engines", "allocator") if n in REGISTRY)
+        defaults: dict[str, object] = {"collectors_disabled": node_only}
+        s = Settings(scenario_file=str(path), **{**defaults, **settings})  # type: ignore[arg-type]
+        clock = app.ManualClock()
+        made.append(Sim(app.build(s, scenario_clock=clock), clock))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.exporter.close()
