@@ -1,0 +1,347 @@
+"""The Diagnoser: history, hold and clear times, and the readings it adds to each snapshot.
+
+It is an enricher: `Diagnoser()(snapshot)` returns the finding states (every rule x
+subject, 0 or 1), the OOM-risk ratios, and a `Diagnosis` for the page, the JSON API and
+the CLI. A rule's condition must hold for the rule's hold time before its finding fires,
+and be absent for its clear time before the finding clears; both are measured on
+`Snapshot.taken_at`, so a simulation played fast behaves as it would in real time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from exporter.diagnosis.fmt import value_text
+from exporter.diagnosis.frame import EngineFrame, Frame, GpuFrame, frame_of
+from exporter.diagnosis.history import History
+from exporter.diagnosis.model import (
+    Candidate,
+    Card,
+    Diagnosis,
+    Evidence,
+    Finding,
+    FindingState,
+    FindingStates,
+    OomRisk,
+    OomRiskRatio,
+    OomRiskRatios,
+    Rule,
+    Subject,
+    Trend,
+    Unit,
+)
+from exporter.diagnosis.oom import oom_risks
+from exporter.diagnosis.rules import RULES
+from exporter.diagnosis.thresholds import DEFAULT, Thresholds
+from exporter.snapshot import Snapshot
+
+
+@dataclass
+class _State:
+    """Hold/clear bookkeeping of one rule on one subject."""
+
+    true_since: float | None = None  # start of the current run of true samples
+    false_since: float | None = None  # start of the current run of false samples (while active)
+    active: bool = False
+    active_since: float = 0.0
+    candidate: Candidate | None = None  # the last time the condition held
+
+
+def step_state(state: _State, now: float, candidate: Candidate | None, hold_s: float, clear_s: float) -> None:
+    """Advance one rule x subject by one sample taken at `now`."""
+    if candidate is not None:
+        state.candidate = candidate
+        state.false_since = None
+        if state.true_since is None:
+            state.true_since = now
+        if not state.active and now - state.true_since >= hold_s:
+            state.active = True
+            state.active_since = now
+    else:
+        state.true_since = None
+        if state.active:
+            if state.false_since is None:
+                state.false_since = now
+            if now - state.false_since >= clear_s:
+                state.active = False
+                state.false_since = None
+
+
+# Per-GPU and per-engine trend charts: (title, unit, getter).
+GPU_TRENDS: tuple[tuple[str, Unit, Callable[[GpuFrame], float | None]], ...] = (
+    ("SM active", "ratio", lambda g: g.sm_active_ratio if g.sm_active_ratio is not None else g.util_ratio),
+    ("memory used", "ratio", lambda g: g.memory_used_ratio),
+    ("temperature", "celsius", lambda g: g.temperature_celsius),
+    ("power", "watts", lambda g: g.power_watts),
+)
+ENGINE_TRENDS: tuple[tuple[str, Unit, Callable[[EngineFrame], float | None]], ...] = (
+    ("KV-cache usage", "ratio", lambda e: e.kv_usage_ratio),
+    ("waiting requests", "count", lambda e: e.waiting),
+    ("generated tokens/s", "per_second", lambda e: e.generation_tokens_per_second),
+    ("p99 time to first token", "seconds", lambda e: e.ttft_p99_seconds),
+)
+
+
+@dataclass
+class _Bucketed:
+    """A trend kept at a fixed resolution: the mean of each `width_s` bucket."""
+
+    width_s: float
+    points: deque[tuple[float, float]]
+    bucket: int | None = None
+    total: float = 0.0
+    count: int = 0
+
+    def add(self, t: float, v: float | None) -> None:
+        b = int(t // self.width_s)
+        if self.bucket is not None and b != self.bucket and self.count:
+            self.points.append((self.bucket * self.width_s + self.width_s, self.total / self.count))
+            self.total, self.count = 0.0, 0
+        self.bucket = b
+        if v is not None:
+            self.total += v
+            self.count += 1
+
+    def view(self, now: float, horizon_s: float) -> tuple[tuple[float, float], ...]:
+        pts = [p for p in self.points if p[0] >= now - horizon_s]
+        if self.count:
+            pts.append((now, self.total / self.count))
+        return tuple(pts)
+
+
+@dataclass
+class _Trends:
+    width_s: float
+    points: int
+    series: dict[tuple[str, str, str], _Bucketed] = field(default_factory=dict)
+
+    def add(self, key: tuple[str, str, str], t: float, v: float | None) -> None:
+        b = self.series.get(key)
+        if b is None:
+            b = self.series[key] = _Bucketed(self.width_s, deque(maxlen=self.points))
+        b.add(t, v)
+
+    def view(
+        self, key: tuple[str, str, str], now: float, horizon_s: float
+    ) -> tuple[tuple[float, float], ...]:
+        b = self.series.get(key)
+        return b.view(now, horizon_s) if b is not None else ()
+
+
+class Diagnoser:
+    """Holds the history and the hold/clear state; call it with each new snapshot."""
+
+    __name__ = "diagnosis"  # the runner logs enrichers by name
+
+    def __init__(
+        self,
+        history_seconds: float = 900.0,
+        thresholds: Thresholds = DEFAULT,
+        rules: Iterable[Rule] = RULES,
+    ) -> None:
+        self.thresholds = thresholds
+        self.rules = tuple(rules)
+        self.history = History(history_seconds)
+        self._states: dict[tuple[str, str, str], _State] = {}
+        self._lock = threading.Lock()
+        self._trends = _Trends(max(1.0, history_seconds / thresholds.trend_points), thresholds.trend_points)
+        self.latest: Diagnosis | None = None
+        self.ever_active: set[str] = set()  # rule ids that fired at some time (simulations, tests)
+
+    @classmethod
+    def from_settings(cls, settings: object, thresholds: Thresholds = DEFAULT) -> Diagnoser:
+        return cls(float(getattr(settings, "history_seconds", 900.0)), thresholds)
+
+    def __call__(self, snapshot: Snapshot) -> tuple[object, ...]:
+        return self.step(frame_of(snapshot))
+
+    def step(self, frame: Frame) -> tuple[FindingStates, OomRiskRatios, Diagnosis]:
+        with self._lock:
+            return self._step(frame)
+
+    def _step(self, frame: Frame) -> tuple[FindingStates, OomRiskRatios, Diagnosis]:
+        th = self.thresholds
+        latest = self.history.latest
+        if latest is not None and frame.taken_at < latest.taken_at:
+            self.reset()
+        self.history.add(frame)
+        now = frame.taken_at
+        names = _subject_names(frame)
+        states: list[FindingState] = []
+        findings: list[Finding] = []
+        seen: set[tuple[str, str, str]] = set()
+        for rule in self.rules:
+            candidates = {c.subject.key: c for c in rule.check(frame, self.history, th)}
+            hold, clear = rule.hold(th), rule.clear(th)
+            for subject in subjects(frame, rule):
+                key = (rule.id, *subject.key)
+                seen.add(key)
+                state = self._states.setdefault(key, _State())
+                step_state(state, now, candidates.get(subject.key), hold, clear)
+                states.append(
+                    FindingState(
+                        rule.layer, rule.name, rule.severity, subject.gpu, subject.target, int(state.active)
+                    )
+                )
+                if state.active and state.candidate is not None:
+                    self.ever_active.add(rule.id)
+                    findings.append(_finding(rule, subject, state, names))
+        for key in [k for k in self._states if k not in seen]:
+            del self._states[key]
+
+        risks = oom_risks(frame, self.history, th)
+        ratios = OomRiskRatios(tuple(OomRiskRatio(r.gpu, r.uuid, r.target, r.ratio) for r in risks))
+        self._add_trends(frame)
+        order = {s: i for i, s in enumerate(("critical", "warning", "info"))}
+        findings.sort(
+            key=lambda f: (order.get(f.severity, 9), f.id, f.subject.gpu.zfill(4), f.subject.target)
+        )
+        diagnosis = Diagnosis(
+            taken_at=now,
+            findings=tuple(findings),
+            oom_risks=tuple(risks),
+            gpus=tuple(self._gpu_card(g, risks) for g in frame.gpus),
+            engines=tuple(self._engine_card(e, frame) for e in frame.engines),
+            rules=tuple((r.id, r.severity, r.title) for r in self.rules),
+            history_seconds=self.history.span_s,
+            simulated=frame.simulated,
+        )
+        self.latest = diagnosis
+        return FindingStates(tuple(states)), ratios, diagnosis
+
+    def reset(self) -> None:
+        self.history.clear()
+        self._states.clear()
+        self._trends.series.clear()
+        self.ever_active.clear()
+
+    # ---- page material -------------------------------------------------------------
+
+    def _add_trends(self, frame: Frame) -> None:
+        t = frame.taken_at
+        for g in frame.gpus:
+            for title, _, get_g in GPU_TRENDS:
+                self._trends.add(("gpu", str(g.index), title), t, get_g(g) if g.up else None)
+        for e in frame.engines:
+            for title, _, get_e in ENGINE_TRENDS:
+                self._trends.add(("engine", e.target, title), t, get_e(e))
+
+    def _gpu_card(self, g: GpuFrame, risks: list[OomRisk]) -> Card:
+        now, span = self.history.latest.taken_at if self.history.latest else 0.0, self.history.span_s
+        risk = max((r.ratio for r in risks if r.gpu == str(g.index)), default=None)
+        numbers = [
+            Evidence("utilization", g.util_ratio, "ratio"),
+            Evidence("SM active", g.sm_active_ratio, "ratio"),
+            Evidence("tensor active", g.tensor_active_ratio, "ratio"),
+            Evidence("DRAM bandwidth", g.dram_active_ratio, "ratio"),
+            Evidence("memory used", g.memory_used_bytes, "bytes"),
+            Evidence("memory total", g.memory_total_bytes, "bytes"),
+            Evidence("temperature", g.temperature_celsius, "celsius"),
+            Evidence("power", g.power_watts, "watts"),
+            Evidence("OOM risk", risk, "ratio"),
+        ]
+        if g.throttle_reasons:
+            numbers.append(Evidence("clock events", ", ".join(g.throttle_reasons)))
+        if g.mig_enabled:
+            numbers.append(Evidence("MIG instances", len(g.mig), "count"))
+        return Card(
+            kind="gpu",
+            key=str(g.index),
+            title=f"GPU {g.index}",
+            subtitle=g.name or g.uuid,
+            up=g.up,
+            numbers=tuple(n for n in numbers if n.value is not None),
+            trends=tuple(
+                Trend(title, unit, self._trends.view(("gpu", str(g.index), title), now, span))
+                for title, unit, _ in GPU_TRENDS
+            ),
+        )
+
+    def _engine_card(self, e: EngineFrame, frame: Frame) -> Card:
+        now, span = frame.taken_at, self.history.span_s
+        numbers = [
+            Evidence("running", e.running, "count"),
+            Evidence("waiting", e.waiting, "count"),
+            Evidence("KV-cache usage", e.kv_usage_ratio, "ratio"),
+            Evidence("preemptions", e.preemptions_per_second, "per_second"),
+            Evidence("requests", e.request_rate_per_second, "per_second"),
+            Evidence("generated tokens", e.generation_tokens_per_second, "per_second"),
+            Evidence("TTFT p99", e.ttft_p99_seconds, "seconds"),
+            Evidence("ITL p50", e.itl_p50_seconds, "seconds"),
+            Evidence("ITL p99", e.itl_p99_seconds, "seconds"),
+            Evidence("spec-decode acceptance", e.spec_acceptance_ratio, "ratio"),
+            Evidence("API-server CPU", e.api_server_cpu_ratio, "ratio"),
+            Evidence("gpu_memory_utilization", e.gpu_memory_utilization, ""),
+        ]
+        return Card(
+            kind="engine",
+            key=e.target,
+            title=e.name or e.target,
+            subtitle=e.target,
+            up=e.up,
+            numbers=tuple(n for n in numbers if n.value is not None),
+            trends=tuple(
+                Trend(title, unit, self._trends.view(("engine", e.target, title), now, span))
+                for title, unit, _ in ENGINE_TRENDS
+            ),
+            gpus=tuple(str(i) for i in e.gpus),
+        )
+
+
+def subjects(frame: Frame, rule: Rule) -> list[Subject]:
+    """Every subject a rule speaks about, whether its condition holds or not."""
+    if rule.scope == "gpu":
+        return [Subject(gpu=str(g.index)) for g in frame.gpus]
+    if rule.scope == "engine":
+        return [Subject(target=e.target) for e in frame.engines]
+    out = []
+    for g in frame.gpus:
+        on = [e for e in frame.engines if g.index in e.gpus]
+        if rule.id == "memory/oom_risk" and not on:
+            out.append(Subject(gpu=str(g.index)))
+        out.extend(Subject(gpu=str(g.index), target=e.target) for e in on)
+    return out
+
+
+def _subject_names(frame: Frame) -> dict[tuple[str, str], str]:
+    names: dict[tuple[str, str], str] = {}
+    for g in frame.gpus:
+        names[(str(g.index), "")] = f"GPU {g.index}"
+    for e in frame.engines:
+        label = e.name or e.target
+        names[("", e.target)] = label
+        for i in e.gpus:
+            names[(str(i), e.target)] = f"GPU {i} / {label}"
+    return names
+
+
+def _finding(rule: Rule, subject: Subject, state: _State, names: dict[tuple[str, str], str]) -> Finding:
+    c = state.candidate
+    assert c is not None
+    return Finding(
+        id=rule.id,
+        layer=rule.layer,
+        rule=rule.name,
+        severity=rule.severity,
+        subject=subject,
+        subject_name=names.get(subject.key, subject.gpu or subject.target),
+        title=rule.title,
+        detail=c.detail,
+        advice=rule.advice,
+        evidence=c.evidence,
+        active_since=state.active_since,
+        condition_since=state.true_since if state.true_since is not None else state.active_since,
+        clearing=state.false_since is not None,
+    )
+
+
+def summary_line(d: Diagnosis) -> str:
+    """One line for logs: status and the active findings."""
+    if not d.findings:
+        return "ok: no active findings"
+    parts = [f"{f.id}[{f.subject_name}]" for f in d.findings]
+    worst = max((r.ratio for r in d.oom_risks), default=0.0)
+    return f"{d.status}: {', '.join(parts)}; max OOM risk {value_text(worst, 'ratio')}"

@@ -1,0 +1,379 @@
+"""The numbers the rules read, pulled out of a Snapshot once per cycle.
+
+A `Frame` is a flat, typed view of one snapshot: per GPU, per engine, per allocator
+probe. The rules and the history work on frames only, so they never depend on how a
+reading class nests its fields, and a history of frames is small (a few hundred bytes
+per GPU per sample) where a history of snapshots would keep every reading alive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from exporter.engines.readings import EngineGpus, Engines, EngineSeries, EngineTargetReading
+from exporter.readings import (
+    Clocks,
+    DeviceFacts,
+    Ecc,
+    Memory,
+    Mig,
+    NvLink,
+    Pcie,
+    Power,
+    Processes,
+    Profiling,
+    Utilization,
+    Xid,
+)
+from exporter.snapshot import GpuState, Snapshot
+
+THERMAL_REASONS = ("sw_thermal", "hw_thermal", "hw_slowdown")
+POWER_REASONS = ("sw_power_cap", "hw_power_brake")
+
+# Dense BF16/FP16 tensor-core peak per GPU model (datasheet, without sparsity), for MFU.
+PEAK_FLOPS: tuple[tuple[str, float], ...] = (
+    ("GB200", 2.5e15),
+    ("B200", 2.25e15),
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("H800", 989e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+    ("L40", 181e12),
+    ("L4", 121e12),
+    ("A10G", 70e12),
+    ("A10", 125e12),
+)
+
+
+def peak_flops(name: str) -> float | None:
+    for key, value in PEAK_FLOPS:
+        if key in name:
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class AllocFrame:
+    """One process' PyTorch caching allocator, as the allocator probe reports it."""
+
+    pid: int
+    reserved_bytes: float | None = None
+    allocated_bytes: float | None = None
+    free_bytes: float | None = None  # free inside reserved segments
+    largest_free_block_bytes: float | None = None
+    fragmentation_ratio: float | None = None
+    alloc_retries_total: float | None = None
+    ooms_total: float | None = None
+
+
+@dataclass(frozen=True)
+class MigFrame:
+    uuid: str
+    memory_used_bytes: float | None
+    memory_total_bytes: float | None
+
+
+@dataclass(frozen=True)
+class GpuFrame:
+    index: int
+    uuid: str
+    up: bool
+    name: str = ""
+    numa_node: int | None = None
+    memory_total_bytes: float | None = None
+    memory_used_bytes: float | None = None
+    memory_free_bytes: float | None = None
+    util_ratio: float | None = None
+    sm_active_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
+    dram_peak_bytes_per_second: float | None = None
+    sm_clock_ratio: float | None = None  # current SM clock over its maximum
+    throttle_reasons: tuple[str, ...] | None = None  # active clock-event reasons
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    temperature_celsius: float | None = None
+    pcie_replays_total: float | None = None
+    nvlink_links_up: int | None = None  # None: the GPU has no NVLink (or cannot say)
+    nvlink_tx_bytes_per_second: float | None = None  # GPM, when the GPU has it
+    nvlink_rx_bytes_per_second: float | None = None
+    nvlink_tx_bytes_total: float | None = None  # link counters, for GPUs without GPM
+    nvlink_rx_bytes_total: float | None = None
+    ecc_uncorrected_total: float | None = None
+    remap_failed: bool = False
+    xid_counts: Mapping[int, int] = field(default_factory=dict)
+    process_pids: tuple[int, ...] = ()
+    process_count: int | None = None
+    mig_enabled: bool = False
+    mig: tuple[MigFrame, ...] = ()
+    allocators: tuple[AllocFrame, ...] = ()
+
+    @property
+    def memory_used_ratio(self) -> float | None:
+        if self.memory_used_bytes is None or not self.memory_total_bytes:
+            return None
+        return self.memory_used_bytes / self.memory_total_bytes
+
+    @property
+    def free_bytes(self) -> float | None:
+        if self.memory_free_bytes is not None:
+            return self.memory_free_bytes
+        if self.memory_total_bytes is None or self.memory_used_bytes is None:
+            return None
+        return self.memory_total_bytes - self.memory_used_bytes
+
+    @property
+    def peak_flops(self) -> float | None:
+        return peak_flops(self.name)
+
+
+@dataclass(frozen=True)
+class EngineFrame:
+    """One engine scrape target, its series summed (data-parallel ranks, models)."""
+
+    target: str
+    name: str = ""  # what a person calls it: the engine kind and its model
+    model: str = ""
+    kind: str = ""
+    up: bool = True
+    gpus: tuple[int, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()  # the GPUs' (or MIG instances') UUIDs, when known
+    pids: frozenset[int] = frozenset()
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage_ratio: float | None = None
+    preemptions_total: float | None = None
+    preemptions_per_second: float | None = None
+    generation_tokens_per_second: float | None = None
+    prompt_tokens_per_second: float | None = None
+    request_rate_per_second: float | None = None
+    rejected_total: float | None = None
+    spec_acceptance_ratio: float | None = None
+    ttft_p50_seconds: float | None = None
+    ttft_p99_seconds: float | None = None
+    itl_p50_seconds: float | None = None
+    itl_p99_seconds: float | None = None
+    gpu_memory_utilization: float | None = None
+    api_server_cpu_ratio: float | None = None
+    estimated_flops_per_gpu_total: float | None = None
+    estimated_read_bytes_per_gpu_total: float | None = None
+    cpu_numa_nodes: tuple[int, ...] | None = None  # NUMA nodes of the engine's CPUs
+
+
+@dataclass(frozen=True)
+class Frame:
+    taken_at: float
+    gpus: tuple[GpuFrame, ...] = ()
+    engines: tuple[EngineFrame, ...] = ()
+    simulated: bool = False
+
+    def gpu(self, index: int) -> GpuFrame | None:
+        return next((g for g in self.gpus if g.index == index), None)
+
+    def engine(self, target: str) -> EngineFrame | None:
+        return next((e for e in self.engines if e.target == target), None)
+
+
+# ---- from a snapshot -----------------------------------------------------------------
+
+
+def frame_of(snapshot: Snapshot) -> Frame:
+    allocators = _allocators(snapshot)
+    gpus = tuple(_gpu(g, allocators.get(g.index, ())) for g in snapshot.gpus)
+    engines = _engines(snapshot, gpus)
+    return Frame(snapshot.taken_at, gpus, engines, snapshot.simulated)
+
+
+def _gpu(state: GpuState, allocators: tuple[AllocFrame, ...]) -> GpuFrame:
+    facts = state.get(DeviceFacts)
+    util = state.get(Utilization)
+    mem = state.get(Memory)
+    clocks = state.get(Clocks)
+    power = state.get(Power)
+    prof = state.get(Profiling)
+    pcie = state.get(Pcie)
+    nvlink = state.get(NvLink)
+    ecc = state.get(Ecc)
+    xid = state.get(Xid)
+    procs = state.get(Processes)
+    mig = state.get(Mig)
+    numa = facts.get("numa_node") if facts else ""
+    sm_ratio = None
+    if clocks and clocks.sm_hertz is not None and facts and facts.sm_clock_max_hertz:
+        sm_ratio = clocks.sm_hertz / facts.sm_clock_max_hertz
+    reasons = None
+    if clocks and clocks.event_active is not None:
+        reasons = tuple(sorted(r for r, on in clocks.event_active.items() if on))
+    links_up = None
+    tx_total = rx_total = None
+    if nvlink and nvlink.links:
+        ups = [p.up for p in nvlink.links if p.up is not None]
+        links_up = sum(ups) if ups else None
+        txs = [p.tx_bytes for p in nvlink.links if p.tx_bytes is not None]
+        rxs = [p.rx_bytes for p in nvlink.links if p.rx_bytes is not None]
+        tx_total = float(sum(txs)) if txs else None
+        rx_total = float(sum(rxs)) if rxs else None
+    elif nvlink is not None or state.supported.get("nvlink") is False:
+        links_up = 0  # the GPU has no NVLink: its peers are reached over PCIe
+    return GpuFrame(
+        index=state.index,
+        uuid=state.uuid,
+        up=state.up,
+        name=facts.get("name") if facts else "",
+        numa_node=int(numa) if numa.lstrip("-").isdigit() else None,
+        memory_total_bytes=_f(facts.memory_total_bytes if facts else None),
+        memory_used_bytes=_f(mem.used_bytes if mem else None),
+        memory_free_bytes=_f(mem.free_bytes if mem else None),
+        util_ratio=util.gpu_busy_ratio if util else None,
+        sm_active_ratio=prof.sm_active_ratio if prof else None,
+        tensor_active_ratio=prof.tensor_active_ratio if prof else None,
+        dram_active_ratio=prof.dram_active_ratio if prof else None,
+        dram_peak_bytes_per_second=facts.dram_bandwidth_peak_bytes_per_second if facts else None,
+        sm_clock_ratio=sm_ratio,
+        throttle_reasons=reasons,
+        power_watts=power.usage_watts if power else None,
+        power_limit_watts=power.limit_watts if power else None,
+        temperature_celsius=power.gpu_celsius if power else None,
+        pcie_replays_total=_f(pcie.replays if pcie else None),
+        nvlink_links_up=links_up,
+        nvlink_tx_bytes_per_second=prof.nvlink_tx_bytes_per_second if prof else None,
+        nvlink_rx_bytes_per_second=prof.nvlink_rx_bytes_per_second if prof else None,
+        nvlink_tx_bytes_total=tx_total,
+        nvlink_rx_bytes_total=rx_total,
+        ecc_uncorrected_total=_f(ecc.uncorrected if ecc else None),
+        remap_failed=bool(ecc and ecc.remap_failed),
+        xid_counts=dict(xid.counts or {}) if xid else {},
+        process_pids=tuple(p.pid for p in procs.items) if procs else (),
+        process_count=procs.count if procs else None,
+        mig_enabled=bool(mig and mig.enabled),
+        mig=tuple(
+            MigFrame(i.mig_uuid, _f(i.memory_used_bytes), _f(i.memory_total_bytes))
+            for i in (mig.instances if mig else ())
+        ),
+        allocators=allocators,
+    )
+
+
+def _f(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _engines(snapshot: Snapshot, gpus: tuple[GpuFrame, ...]) -> tuple[EngineFrame, ...]:
+    targets = [t for engines in snapshot.all(Engines) for t in engines.targets]
+    links = snapshot.get(EngineGpus)
+    out = []
+    for target in targets:
+        if links is not None and any(link.target == target.target for link in links.links):
+            indexes = links.gpus_of(target.target)
+            uuids = tuple(sorted({lk.uuid for lk in links.links if lk.target == target.target}))
+        else:  # no join table: match the engine's process tree with the GPUs' processes
+            indexes = tuple(g.index for g in gpus if target.pids & set(g.process_pids))
+            uuids = tuple(g.uuid for g in gpus if g.index in indexes)
+        out.append(_engine(target, indexes, uuids))
+    return tuple(out)
+
+
+def _engine(t: EngineTargetReading, gpus: tuple[int, ...], uuids: tuple[str, ...]) -> EngineFrame:
+    series = t.series
+    first: EngineSeries | None = series[0] if series else None
+    api = [p.cpu_ratio for p in t.processes if p.role == "api_server" and p.cpu_ratio is not None]
+    model = ", ".join(t.models)
+    kind = t.kind or (first.engine if first else "")
+    numa = getattr(t, "cpu_numa_nodes", None)
+    return EngineFrame(
+        target=t.target,
+        name=f"{kind} {model}".strip() or t.target,
+        model=model,
+        kind=kind,
+        up=t.up,
+        gpus=gpus,
+        gpu_uuids=uuids,
+        pids=t.pids,
+        running=_sum(s.requests_running for s in series),
+        waiting=_sum(s.requests_waiting for s in series),
+        kv_usage_ratio=_max(s.kv_cache_usage_ratio for s in series),
+        preemptions_total=_sum(s.preemptions for s in series),
+        preemptions_per_second=_sum(s.preemptions_per_second for s in series),
+        generation_tokens_per_second=_sum(s.generation_tokens_per_second for s in series),
+        prompt_tokens_per_second=_sum(s.prompt_tokens_per_second for s in series),
+        request_rate_per_second=_sum(s.request_rate_per_second for s in series),
+        rejected_total=_sum(s.rejected_requests for s in series),
+        spec_acceptance_ratio=_min(s.spec_decode_acceptance_ratio for s in series),
+        ttft_p50_seconds=_max(s.quantile("ttft", 0.5) for s in series),
+        ttft_p99_seconds=_max(s.quantile("ttft", 0.99) for s in series),
+        itl_p50_seconds=_max(s.quantile("itl", 0.5) for s in series),
+        itl_p99_seconds=_max(s.quantile("itl", 0.99) for s in series),
+        gpu_memory_utilization=_max(s.gpu_memory_utilization for s in series),
+        api_server_cpu_ratio=max(api) if api else None,
+        estimated_flops_per_gpu_total=_sum(getattr(s, "estimated_flops_per_gpu", None) for s in series),
+        estimated_read_bytes_per_gpu_total=_sum(
+            getattr(s, "estimated_read_bytes_per_gpu", None) for s in series
+        ),
+        cpu_numa_nodes=tuple(numa) if numa is not None else None,
+    )
+
+
+def _present(values: Iterable[float | None]) -> list[float]:
+    return [float(v) for v in values if v is not None]
+
+
+def _sum(values: Iterable[float | None]) -> float | None:
+    vs = _present(values)
+    return sum(vs) if vs else None
+
+
+def _max(values: Iterable[float | None]) -> float | None:
+    vs = _present(values)
+    return max(vs) if vs else None
+
+
+def _min(values: Iterable[float | None]) -> float | None:
+    vs = _present(values)
+    return min(vs) if vs else None
+
+
+def _allocators(snapshot: Snapshot) -> dict[int, tuple[AllocFrame, ...]]:
+    """Allocator probe readings by GPU index; empty until that collector exists."""
+    out: dict[int, list[AllocFrame]] = {}
+    readings = [r for group in snapshot.node.values() for r in group]
+    for item in (i for r in readings for i in _alloc_items(r)):
+        gpu = getattr(item, "gpu", None)
+        pid = getattr(item, "pid", None)
+        if gpu is None or pid is None or not str(gpu).isdigit():
+            continue
+        out.setdefault(int(gpu), []).append(
+            AllocFrame(
+                pid=int(pid),
+                reserved_bytes=_num(item, "reserved_bytes"),
+                allocated_bytes=_num(item, "allocated_bytes"),
+                free_bytes=_num(item, "free_bytes"),
+                largest_free_block_bytes=_num(item, "largest_free_block_bytes"),
+                fragmentation_ratio=_num(item, "fragmentation_ratio"),
+                alloc_retries_total=_num(item, "alloc_retries_total", "alloc_retries"),
+                ooms_total=_num(item, "ooms_total", "ooms"),
+            )
+        )
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _alloc_items(reading: object) -> Iterable[object]:
+    """The per-process items of an allocator reading (a class named Allocator*)."""
+    if not type(reading).__name__.startswith("Allocator"):
+        return ()
+    for attr in ("items", "processes", "probes"):
+        items = getattr(reading, attr, None)
+        if isinstance(items, tuple):
+            return items
+    return (reading,)
+
+
+def _num(item: object, *names: str) -> float | None:
+    for name in names:
+        value = getattr(item, name, None)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None

@@ -1,0 +1,203 @@
+"""The OOM-risk score: 0-1 per GPU and the engine on it, with the reasons behind it.
+
+High memory use alone is not a risk: vLLM preallocates `gpu_memory_utilization` of the
+GPU (0.9 by default) on purpose and lives inside it. What makes an out-of-memory crash
+likely is each of:
+
+* headroom: free memory below `oom_free_margin_ratio` of the total;
+* trend: free memory falling while the engine is already beyond its budget (or the
+  headroom is gone), scored by the time to full from a least-squares fit;
+* budget: usage beyond the engine's own `gpu_memory_utilization` share;
+* KV pressure: KV cache at capacity with preemptions (vLLM preempts before it OOMs, but
+  preemption storms come with recompute spikes);
+* fragmentation: the allocator holds free memory only in blocks smaller than a typical
+  request, or it had to retry allocations; an allocator OOM already counted scores 1;
+* sharing: several processes on one GPU (outside MIG), each unaware of the other's budget.
+
+Reasons combine like independent probabilities: risk = 1 - prod(1 - weight_i).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from exporter.diagnosis.fmt import duration, value_text
+from exporter.diagnosis.frame import EngineFrame, Frame, GpuFrame, MigFrame
+from exporter.diagnosis.history import History, increase, rate, slope
+from exporter.diagnosis.model import OomRisk
+from exporter.diagnosis.thresholds import Thresholds
+
+
+def _clamp(x: float) -> float:
+    return min(1.0, max(0.0, x))
+
+
+def combine(weights: list[float]) -> float:
+    left = 1.0
+    for w in weights:
+        left *= 1.0 - _clamp(w)
+    return _clamp(1.0 - left)
+
+
+def engines_on(frame: Frame, g: GpuFrame) -> list[EngineFrame]:
+    return [e for e in frame.engines if g.index in e.gpus]
+
+
+def _instance(g: GpuFrame, e: EngineFrame | None) -> MigFrame | None:
+    if e is None or not g.mig_enabled:
+        return None
+    return next((m for m in g.mig if m.uuid in e.gpu_uuids), None)
+
+
+def oom_risks(frame: Frame, history: History, th: Thresholds) -> list[OomRisk]:
+    out = []
+    for g in frame.gpus:
+        if not g.up:
+            continue
+        engines = engines_on(frame, g)
+        subjects: list[EngineFrame | None] = [*engines] if engines else [None]
+        for e in subjects:
+            out.append(gpu_engine_risk(frame, history, th, g, e, engines))
+    return out
+
+
+def gpu_engine_risk(
+    frame: Frame,
+    history: History,
+    th: Thresholds,
+    g: GpuFrame,
+    e: EngineFrame | None,
+    engines: list[EngineFrame],
+) -> OomRisk:
+    weights: list[float] = []
+    reasons: list[str] = []
+    ttf: float | None = None
+    inst = _instance(g, e)
+    if inst is not None:
+        total, used = inst.memory_total_bytes, inst.memory_used_bytes
+        free = None if total is None or used is None else total - used
+        sharers = [e] if e is not None else []
+    else:
+        total, used, free = g.memory_total_bytes, g.memory_used_bytes, g.free_bytes
+        sharers = engines
+    target = e.target if e is not None else ""
+
+    if total and used is not None and free is not None:
+        low = free < th.oom_free_margin_ratio * total
+        if low:
+            weights.append(th.oom_low_headroom_weight)
+            reasons.append(
+                f"only {value_text(free, 'bytes')} free ({value_text(free / total, 'ratio')} of "
+                f"{value_text(total, 'bytes')}), margin {value_text(th.oom_free_margin_ratio, 'ratio')}"
+            )
+        budgets = [x.gpu_memory_utilization for x in sharers if x.gpu_memory_utilization is not None]
+        over = False
+        if budgets:
+            budget = min(1.0, sum(budgets)) * total
+            excess = used - budget
+            if excess > th.oom_budget_tolerance_ratio * total and total > budget:
+                over = True
+                weights.append(_clamp(excess / (total - budget)))
+                reasons.append(
+                    f"using {value_text(used, 'bytes')}, {value_text(excess, 'bytes')} "
+                    f"beyond the engine budget "
+                    f"(gpu_memory_utilization {min(1.0, sum(budgets)):g} = {value_text(budget, 'bytes')})"
+                )
+        if over or low:
+            ttf = _time_to_full(history, g, inst, free, th)
+            if ttf is not None and ttf < th.oom_time_to_full_horizon_s:
+                weights.append(_clamp(1.0 - max(0.0, ttf - 60.0) / th.oom_time_to_full_horizon_s))
+                reasons.append(f"free memory falling: full in about {duration(ttf)} at the current trend")
+            else:
+                ttf = None
+
+    if e is not None:
+        pre = e.preemptions_per_second
+        if pre is None:
+            pre = rate(history.engine_series(e.target, lambda x: x.preemptions_total, th.rate_window_s))
+        if (
+            e.kv_usage_ratio is not None
+            and e.kv_usage_ratio >= th.kv_usage_min_ratio
+            and pre is not None
+            and pre >= th.kv_preemptions_min_per_second
+        ):
+            weights.append(th.oom_kv_weight)
+            reasons.append(
+                f"KV cache {value_text(e.kv_usage_ratio, 'ratio')} full with {pre:.2f} preemptions/s"
+            )
+
+    allocators = [a for a in g.allocators if e is None or not e.pids or a.pid in e.pids]
+    for a in allocators:
+        ooms = history.gpu_series(g.index, _alloc_getter(a.pid, "ooms_total"), th.oom_trend_window_s)
+        retries = history.gpu_series(
+            g.index, _alloc_getter(a.pid, "alloc_retries_total"), th.oom_trend_window_s
+        )
+        n_ooms = increase(ooms[1:], baseline=ooms[0][1]) if len(ooms) >= 2 else 0.0
+        n_retries = increase(retries[1:], baseline=retries[0][1]) if len(retries) >= 2 else 0.0
+        if n_ooms > 0:
+            weights.append(1.0)
+            reasons.append(f"pid {a.pid}: the allocator reported {n_ooms:.0f} out-of-memory errors")
+            continue
+        fragmented = (
+            a.largest_free_block_bytes is not None
+            and a.free_bytes is not None
+            and a.largest_free_block_bytes < th.oom_typical_request_bytes <= a.free_bytes
+            and (a.fragmentation_ratio or 0.0) >= th.oom_fragmentation_min_ratio
+        )
+        if fragmented:
+            weights.append(th.oom_fragmentation_weight)
+            reasons.append(
+                f"pid {a.pid}: largest free block {value_text(a.largest_free_block_bytes, 'bytes')} below a "
+                f"typical request ({value_text(th.oom_typical_request_bytes, 'bytes')}), "
+                f"fragmentation {value_text(a.fragmentation_ratio, 'ratio')}"
+            )
+        elif n_retries > 0:
+            weights.append(th.oom_fragmentation_weight)
+            reasons.append(f"pid {a.pid}: {n_retries:.0f} allocation retries (cache flushed to find a block)")
+
+    if not g.mig_enabled and g.process_count is not None and g.process_count >= 2:
+        weights.append(th.oom_shared_weight)
+        reasons.append(f"{g.process_count} processes share the GPU, each with its own idea of free memory")
+
+    return OomRisk(
+        gpu=str(g.index),
+        uuid=g.uuid,
+        target=target,
+        ratio=round(combine(weights), 4),
+        reasons=tuple(reasons),
+        time_to_full_seconds=None if ttf is None else round(ttf, 1),
+    )
+
+
+def _alloc_getter(pid: int, name: str) -> Callable[[GpuFrame], float | None]:
+    def get(g: GpuFrame) -> float | None:
+        for a in g.allocators:
+            if a.pid == pid:
+                value: float | None = getattr(a, name)
+                return value
+        return None
+
+    return get
+
+
+def _time_to_full(
+    history: History, g: GpuFrame, inst: MigFrame | None, free: float, th: Thresholds
+) -> float | None:
+    """Seconds until free memory reaches zero at the fitted trend; None unless falling."""
+    if inst is None:
+        series = history.gpu_series(g.index, lambda x: x.free_bytes, th.oom_trend_window_s)
+    else:
+        series = history.gpu_series(g.index, lambda x: _mig_free(x, inst.uuid), th.oom_trend_window_s)
+    if len(series) < 3 or series[-1][0] - series[0][0] < th.oom_trend_min_span_s:
+        return None
+    s = slope(series)
+    if s is None or s >= 0:
+        return None
+    return max(0.0, free) / -s
+
+
+def _mig_free(g: GpuFrame, uuid: str) -> float | None:
+    for m in g.mig:
+        if m.uuid == uuid and m.memory_total_bytes is not None and m.memory_used_bytes is not None:
+            return m.memory_total_bytes - m.memory_used_bytes
+    return None

@@ -1,0 +1,166 @@
+"""Every number the diagnosis compares against, in one typed place.
+
+Ratios are 0-1, times are seconds, rates are per second unless the name says otherwise.
+Each value carries the reason it was chosen; docs/diagnosis.md shows the same table.
+`hold_s` is how long a condition must hold before its finding fires, `clear_s` how long
+it must be absent before the finding clears (the two together stop flapping).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    # ---- capacity ---------------------------------------------------------------------
+    # DESIGN.md: SM active above 95 % for three minutes is saturation. Short bursts at
+    # 100 % are normal during prefill; three minutes means the queue, not a burst.
+    sm_saturation_ratio: float = 0.95
+    sm_saturation_hold_s: float = 180.0
+    # The throughput knee needs load that moved: the highest offered rate in the history
+    # at least twice the lowest, else there is no curve to read a knee from.
+    knee_min_samples: int = 30
+    knee_min_rate_span: float = 2.0
+    knee_bins: int = 6
+    # Past the knee each extra request per second buys less than a quarter of the
+    # tokens/s it bought at low load ...
+    knee_slope_drop_ratio: float = 0.25
+    # ... while the p99 time to first token at least doubles against low load.
+    knee_latency_jump_ratio: float = 2.0
+    knee_hold_s: float = 60.0
+
+    # ---- hardware ---------------------------------------------------------------------
+    # NVML "utilization" counts a sample as busy when any kernel ran on any SM; with SM
+    # activity (GPM) under 30 % while that reads above 80 %, most SMs sit idle behind
+    # small or serial kernels.
+    busy_util_min_ratio: float = 0.8
+    busy_sm_active_max_ratio: float = 0.3
+    busy_idle_hold_s: float = 120.0
+    # GPM DRAM bandwidth utilisation is measured / datasheet peak. Above 85 % of peak the
+    # memory system is the limit: HBM rarely sustains more than ~90 % in practice.
+    dram_bound_ratio: float = 0.85
+    dram_bound_hold_s: float = 120.0
+    # A throttle reason held for a minute is a cooling or power problem, not a spike.
+    throttle_hold_s: float = 60.0
+    # Power capping is normal at full load; it matters when it costs clock speed: SM
+    # clock held below 85 % of its maximum.
+    power_throttle_clock_max_ratio: float = 0.85
+    # DCGM's health check flags more than 8 PCIe replays per minute; averaged over five
+    # minutes so a single burst does not fire it.
+    pcie_replays_per_minute: float = 8.0
+    pcie_replay_window_s: float = 300.0
+    pcie_replay_hold_s: float = 60.0
+    # XIDs after which the GPU needs a reset or replacement: 48 double-bit ECC, 79 fallen
+    # off the bus, 94/95 contained/uncontained ECC, 92 high single-bit ECC rate, 64 row
+    # remap failure, 74 NVLink error.
+    xid_fatal: tuple[int, ...] = (48, 64, 74, 79, 92, 94, 95)
+    # XIDs that follow memory trouble in the application: 31 MMU fault (bad address, often
+    # right after an OOM path), 43 GPU stopped processing (the context was killed).
+    xid_memory: tuple[int, ...] = (31, 43)
+    # An XID stays a finding for ten minutes after it was seen, long enough for a scrape
+    # interval, an alert and a person to notice it.
+    xid_window_s: float = 600.0
+    ecc_window_s: float = 600.0
+    # A GPU that stopped answering NVML for 15 s is not a transient timeout.
+    gpu_lost_hold_s: float = 15.0
+    numa_hold_s: float = 60.0
+
+    # ---- kernel -----------------------------------------------------------------------
+    # SMs more than half busy while tensor cores do under 10 % of the work: matrix maths
+    # runs on the FP32/FP16 pipes (wrong dtype, a kernel without tensor-core path).
+    tensor_sm_active_min_ratio: float = 0.5
+    tensor_active_max_ratio: float = 0.1
+    tensor_hold_s: float = 180.0
+    # Decode typically reaches 30-60 % of peak bandwidth (MBU), prefill 30-60 % of peak
+    # FLOP/s (MFU). Busy GPUs that reach neither 10 % MFU nor 20 % MBU spend their time
+    # on launches, syncs and small kernels.
+    mfu_min_ratio: float = 0.1
+    mbu_min_ratio: float = 0.2
+    mfu_busy_util_min_ratio: float = 0.8
+    mfu_hold_s: float = 180.0
+    # Counters need a span to turn into rates.
+    rate_window_s: float = 60.0
+
+    # ---- memory -----------------------------------------------------------------------
+    # KV usage at 95 % with more than 3 preemptions a minute: the scheduler is evicting
+    # running sequences to admit others and recomputing them later.
+    kv_usage_min_ratio: float = 0.95
+    kv_preemptions_min_per_second: float = 0.05
+    kv_hold_s: float = 60.0
+    # OOM risk. Free framebuffer below 5 % of the total counts as low headroom: vLLM at
+    # its default gpu_memory_utilization 0.9 leaves 10 %, so that alone stays quiet.
+    oom_free_margin_ratio: float = 0.05
+    # Usage above the engine's own budget by more than 2 % of the framebuffer (CUDA
+    # context and NCCL buffers live outside vLLM's accounting and take about that).
+    oom_budget_tolerance_ratio: float = 0.02
+    # The trend of free memory is fitted over five minutes; a time to full under 30
+    # minutes scores, under a minute scores 1.
+    oom_trend_window_s: float = 300.0
+    oom_trend_min_span_s: float = 60.0
+    oom_time_to_full_horizon_s: float = 1800.0
+    # Weights of the reasons (combined as 1 - prod(1 - w)): a flat low headroom and
+    # several processes alone stay below the finding; two reasons together cross it.
+    oom_low_headroom_weight: float = 0.3
+    oom_kv_weight: float = 0.4
+    oom_fragmentation_weight: float = 0.5
+    oom_shared_weight: float = 0.3
+    # The probe's `ooms_total` rising means an OOM already happened: risk 1.
+    # A block the allocator can hand out must fit an activation buffer of a full batch;
+    # 512 MiB covers an 8k-token batch of a 70B model's MLP intermediate in bf16.
+    oom_typical_request_bytes: int = 512 * 1024 * 1024
+    oom_fragmentation_min_ratio: float = 0.5
+    oom_finding_ratio: float = 0.6
+    oom_hold_s: float = 60.0
+    oom_clear_s: float = 120.0
+    # XID 31/43 are events; they show for xid_window_s like the fatal ones.
+
+    # ---- scheduling -------------------------------------------------------------------
+    # At least 5 waiting requests, not shrinking over a minute, while SMs are less than
+    # half busy and the KV cache under 80 %: the GPUs could take more, the scheduler
+    # does not give it to them.
+    queue_waiting_min: float = 5.0
+    queue_sm_active_max_ratio: float = 0.5
+    queue_kv_usage_max_ratio: float = 0.8
+    queue_hold_s: float = 120.0
+    # A Python API server cannot use more than one core (GIL); at 90 % of one core it is
+    # the bottleneck for tokenisation, detokenisation and streaming.
+    api_cpu_min_ratio: float = 0.9
+    api_cpu_hold_s: float = 120.0
+    # More than one rejection every ten seconds over a minute is not a stray request.
+    rejections_min_per_second: float = 0.1
+    rejections_hold_s: float = 60.0
+
+    # ---- parallel ---------------------------------------------------------------------
+    # In one tensor-parallel group all ranks should be equally busy; a spread of 25
+    # points of SM activity (with the busiest above 40 %) marks a straggler.
+    imbalance_spread_ratio: float = 0.25
+    imbalance_busiest_min_ratio: float = 0.4
+    imbalance_hold_s: float = 120.0
+    # NVLink 3 and 4 carry 25 GB/s per link and direction; at 80 % of the active links'
+    # capacity all-reduce latency starts to grow.
+    nvlink_link_bytes_per_second: float = 25e9
+    nvlink_saturation_ratio: float = 0.8
+    nvlink_hold_s: float = 120.0
+    tp_pcie_hold_s: float = 60.0
+
+    # ---- decoding ---------------------------------------------------------------------
+    # Below half of the drafted tokens accepted, speculative decoding usually costs more
+    # (draft and verify passes) than it saves.
+    spec_accept_min_ratio: float = 0.5
+    spec_hold_s: float = 180.0
+    # Inter-token latency p99 five times its median: streams stutter (preemption,
+    # prefill interleaving, host stalls) even when the average looks fine.
+    itl_jitter_ratio: float = 5.0
+    itl_hold_s: float = 120.0
+
+    # ---- output -----------------------------------------------------------------------
+    # Default clear time for rules without their own: a finding stays a minute after its
+    # condition went away, so a slowly oscillating signal reads as one episode.
+    clear_s: float = 60.0
+    trend_points: int = 90  # samples per trend chart on the page
+
+
+DEFAULT = Thresholds()
