@@ -1,0 +1,126 @@
+"""PyTorch caching-allocator state from the probe files that engine processes write.
+
+The textfile-collector pattern: the probe inside each engine process writes a small
+JSON file, this collector reads the directory. Fragmentation is invisible to NVML.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from exporter.collectors.base import Context, Output, register
+from exporter.metricdef import counter, gauge, label, nested
+from exporter.nvml import Nvml, NvmlError, decode
+from exporter.nvml import const as N
+from exporter.probe.reader import REJECT_REASONS, scan_probe_dir
+from exporter.probe.schema import ProbeReport, ProbeState
+
+
+@dataclass(frozen=True)
+class AllocatorProcess:
+    gpu: str = label()
+    uuid: str = label()
+    pid: int = label()
+    reserved_bytes: int | None = gauge(
+        "llmgpu_allocator_reserved_bytes", "Memory the caching allocator holds from the driver (probe)"
+    )
+    allocated_bytes: int | None = gauge(
+        "llmgpu_allocator_allocated_bytes", "Memory handed out to live tensors (probe)"
+    )
+    free_bytes: int | None = gauge(
+        "llmgpu_allocator_free_bytes", "Free memory inside the allocator's large segments (probe)"
+    )
+    largest_free_block_bytes: int | None = gauge(
+        "llmgpu_allocator_largest_free_block_bytes",
+        "Largest free block in a large segment: the biggest allocation served without cudaMalloc (probe)",
+    )
+    fragmentation_ratio: float | None = gauge(
+        "llmgpu_allocator_fragmentation_ratio",
+        "External fragmentation, 1 - largest free block / total free (probe)",
+    )
+    alloc_retries: int | None = counter(
+        "llmgpu_allocator_alloc_retries_total",
+        "Allocations that had to free cached blocks and retry; resets with the process (probe)",
+    )
+    ooms: int | None = counter(
+        "llmgpu_allocator_ooms_total",
+        "Out-of-memory errors raised by the allocator; resets with the process (probe)",
+    )
+
+
+@dataclass(frozen=True)
+class AllocatorProbes:
+    processes: tuple[AllocatorProcess, ...] = nested(AllocatorProcess)
+    probes: dict[str, int] | None = gauge(
+        "llmgpu_allocator_probes",
+        "Fresh probe files by the probe's state (e.g. no_cuda, running)",
+        label="state",
+    )
+    rejected: dict[str, int] | None = gauge(
+        "llmgpu_allocator_probe_files_rejected",
+        "Probe files ignored in the last scan, by reason (malformed, stale, dead_pid, ...)",
+        label="reason",
+    )
+    reports: tuple[ProbeReport, ...] = ()  # for the diagnosis; not exported
+
+
+class AllocatorCollector:
+    name = "allocator"
+
+    def __init__(self, ctx: Context) -> None:
+        self.directory = ctx.settings.probe_dir
+        self.max_age = ctx.settings.probe_max_age
+        self.interval_s = max(5.0, ctx.settings.interval * 5)
+        self.nvml: Nvml | None = ctx.nvml
+        self._gpu_of: dict[str, int] = {}
+
+    def _gpu_index(self, uuid: str | None) -> str:
+        if not uuid or self.nvml is None:
+            return ""
+        if uuid not in self._gpu_of:
+            for i in range(self.nvml.count):
+                try:
+                    found = decode(self.nvml.query(N.nvmlDeviceGetUUID, self.nvml.handle(i)) or "")
+                except NvmlError:
+                    continue
+                self._gpu_of[found] = i
+        index = self._gpu_of.get(uuid)
+        return "" if index is None else str(index)
+
+    def collect(self) -> Output:
+        # Probe files carry wall-clock timestamps, so staleness is judged on wall time.
+        scan = scan_probe_dir(self.directory, now=time.time(), max_age_s=self.max_age)
+        if not scan.directory_present:
+            return Output()
+        processes = tuple(
+            AllocatorProcess(
+                gpu=self._gpu_index(r.uuid),
+                uuid=r.uuid or "",
+                pid=r.pid,
+                reserved_bytes=r.reserved_bytes,
+                allocated_bytes=r.allocated_bytes,
+                free_bytes=r.large_free_bytes,
+                largest_free_block_bytes=r.largest_free_block_bytes,
+                fragmentation_ratio=r.fragmentation_ratio,
+                alloc_retries=r.alloc_retries_total,
+                ooms=r.ooms_total,
+            )
+            for r in scan.reports
+            if r.cuda_available
+        )
+        states = dict.fromkeys(sorted(ProbeState.ALL), 0)
+        for r in scan.reports:
+            states[r.state] = states.get(r.state, 0) + 1
+        reading = AllocatorProbes(
+            processes=processes,
+            probes=states,
+            rejected={reason: scan.rejected.get(reason, 0) for reason in REJECT_REASONS},
+            reports=scan.reports,
+        )
+        return Output(node=(reading,))
+
+
+@register("allocator", "PyTorch allocator state and fragmentation from engine-side probe files")
+def _factory(ctx: Context) -> AllocatorCollector:
+    return AllocatorCollector(ctx)
