@@ -62,14 +62,11 @@ def _import(module: str) -> Any:
         return importlib.import_module(module)
     except ImportError as exc:
         raise PodResourcesUnavailableError(
-            f"pod attribution needs grpcio and protobuf ({exc}); "
-            "install them or turn attribution off"
+            f"pod attribution needs grpcio and protobuf ({exc}); install them or turn attribution off"
         ) from exc
 
 
-def _field(
-    name: str, number: int, kind: str, *, repeated: bool = False, type_name: str = ""
-) -> Any:
+def _field(name: str, number: int, kind: str, *, repeated: bool = False, type_name: str = "") -> Any:
     descriptor_pb2 = _import("google.protobuf.descriptor_pb2")
     fdp = descriptor_pb2.FieldDescriptorProto
     field = fdp(
@@ -136,9 +133,7 @@ def decode_list_response(
     out: list[DeviceAssignment] = []
     for pod in response.pod_resources:
         for container in pod.containers:
-            ref = PodRef(
-                namespace=str(pod.namespace), pod=str(pod.name), container=str(container.name)
-            )
+            ref = PodRef(namespace=str(pod.namespace), pod=str(pod.name), container=str(container.name))
             for devices in container.devices:
                 resource = str(devices.resource_name)
                 if not resource.startswith(tuple(resource_prefixes)):
@@ -199,9 +194,7 @@ class PodResourcesClient:
             response_deserializer=_identity,
         )
 
-    def list(
-        self, resource_prefixes: Sequence[str] = GPU_RESOURCE_PREFIXES
-    ) -> list[DeviceAssignment]:
+    def list(self, resource_prefixes: Sequence[str] = GPU_RESOURCE_PREFIXES) -> list[DeviceAssignment]:
         """Call List; the channel is rebuilt after a failure (the kubelet may have restarted)."""
         try:
             raw = self._call()(b"", timeout=self._timeout_s)

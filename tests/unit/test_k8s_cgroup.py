@@ -26,12 +26,9 @@ CANNED: dict[str, str] = {
         f"kubepods-besteffort-pod{US}.slice/crio-{CID}.scope/container\n"
     ),
     "v2-cgroupfs-containerd": f"0::/kubepods/burstable/pod{UID}/{CID}\n",
-    "v2-cgroup-namespace": (
-        f"0::/../../kubepods-besteffort-pod{US}.slice/cri-containerd-{CID}.scope\n"
-    ),
+    "v2-cgroup-namespace": (f"0::/../../kubepods-besteffort-pod{US}.slice/cri-containerd-{CID}.scope\n"),
     "v2-systemd-docker": (
-        "0::/kubepods.slice/kubepods-besteffort.slice/"
-        f"kubepods-besteffort-pod{US}.slice/docker-{CID}.scope\n"
+        f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{US}.slice/docker-{CID}.scope\n"
     ),
     "v1-cgroupfs-docker": (
         f"12:pids:/kubepods/besteffort/pod{UID}/{CID}\n"

@@ -214,9 +214,7 @@ def test_errors_are_counted_and_the_last_good_mapping_kept(kubelet: FakeKubelet)
 
 
 def test_missing_socket_is_an_error_not_a_crash() -> None:
-    watcher = PodResourcesWatcher(
-        "/nonexistent/kubelet.sock", refresh_s=60, timeout_s=0.5, start=False
-    )
+    watcher = PodResourcesWatcher("/nonexistent/kubelet.sock", refresh_s=60, timeout_s=0.5, start=False)
     try:
         assert not watcher.refresh()
         assert watcher.stats.errors_total == 1

@@ -239,9 +239,7 @@ def test_engine_targets_reject_bad_annotations() -> None:
     assert engine_targets([with_notes(scheme="ftp")]) == []
 
 
-def test_watcher_attributes_processes(
-    api_server: FakeApiServer, token_file: Path, tmp_path: Path
-) -> None:
+def test_watcher_attributes_processes(api_server: FakeApiServer, token_file: Path, tmp_path: Path) -> None:
     proc = tmp_path / "proc"
     (proc / "77").mkdir(parents=True)
     systemd_uid = UID_A.replace("-", "_")
