@@ -19,9 +19,18 @@ def _collector(directory: Path) -> AllocatorCollector:
 
 def test_good_and_bad_files(tmp_path: Path) -> None:
     good = ProbeReport(
-        timestamp=time.time(), pid=os.getpid(), state="sampling", cuda_available=True, interval_seconds=15,
-        uuid="GPU-a", reserved_bytes=8 << 30, allocated_bytes=6 << 30, large_free_bytes=2 << 30,
-        largest_free_block_bytes=256 << 20, fragmentation_ratio=0.875, ooms_total=1,
+        timestamp=time.time(),
+        pid=os.getpid(),
+        state="sampling",
+        cuda_available=True,
+        interval_seconds=15,
+        uuid="GPU-a",
+        reserved_bytes=8 << 30,
+        allocated_bytes=6 << 30,
+        large_free_bytes=2 << 30,
+        largest_free_block_bytes=256 << 20,
+        fragmentation_ratio=0.875,
+        ooms_total=1,
     )
     heartbeat = ProbeReport(
         timestamp=time.time(), pid=os.getpid() + 1, state="no_cuda", cuda_available=False, interval_seconds=15

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
 import pynvml
+import pytest
 
 from exporter.nvml import Nvml, NvmlError
 from exporter.readings import (
     Clocks,
-    DeviceFacts,
     Ecc,
     Memory,
     Mig,
@@ -85,10 +84,13 @@ def test_older_gpu_leaves_unsupported_families_absent(sim) -> None:  # type: ign
 
 
 def test_lost_gpu_goes_down_others_keep_going_and_it_recovers(sim) -> None:  # type: ignore[no-untyped-def]
-    s = sim(H100 + """
+    s = sim(
+        H100
+        + """
 faults:
   - {kind: lost, gpu: 1, at: 30, until: 60}
-""")
+"""
+    )
     s.at(10)
     snap = s.at(40)
     assert snap.gpu(0).up and not snap.gpu(1).up
@@ -104,10 +106,13 @@ faults:
 
 @pytest.mark.parametrize("error", ["Unknown", "Timeout", "NoPermission"])
 def test_failing_call_marks_only_that_gpu(sim, error: str) -> None:  # type: ignore[no-untyped-def]
-    s = sim(H100 + f"""
+    s = sim(
+        H100
+        + f"""
 faults:
   - {{kind: error, function: nvmlDeviceGetPowerUsage, error: {error}, gpu: 0, at: 0, until: 50}}
-""")
+"""
+    )
     snap = s.at(5)
     assert not snap.gpu(0).up and snap.gpu(1).up
     status = {c.collector: c for c in snap.collectors}
@@ -117,11 +122,14 @@ faults:
 
 
 def test_not_supported_and_function_not_found_are_absent(sim) -> None:  # type: ignore[no-untyped-def]
-    s = sim(H100 + """
+    s = sim(
+        H100
+        + """
 faults:
   - {kind: error, function: nvmlDeviceGetTotalEnergyConsumption, error: NotSupported, at: 0}
   - {kind: error, function: nvmlDeviceGetEnforcedPowerLimit, error: FunctionNotFound, at: 0}
-""")
+"""
+    )
     snap = s.at(5)
     power = snap.gpu(0).get(Power)
     assert snap.gpu(0).up
@@ -131,10 +139,13 @@ faults:
 
 
 def test_memory_info_falls_back_when_v2_is_refused(sim) -> None:  # type: ignore[no-untyped-def]
-    s = sim(H100 + """
+    s = sim(
+        H100
+        + """
 faults:
   - {kind: error, function: nvmlDeviceGetMemoryInfo_v2, error: ArgumentVersionMismatch, at: 0}
-""")
+"""
+    )
     mem = s.at(5).gpu(0).get(Memory)
     assert mem.used_bytes is not None and mem.reserved_bytes is None
 
@@ -142,10 +153,13 @@ faults:
 def test_xid_events_are_counted(sim) -> None:  # type: ignore[no-untyped-def]
     import time
 
-    s = sim(H100 + """
+    s = sim(
+        H100
+        + """
 faults:
   - {kind: xid, gpu: 1, xid: 48, at: 0, until: 1000}
-""")
+"""
+    )
     s.runner.start()  # the XID collector waits for events on its own thread
     deadline = time.monotonic() + 5
     counts: dict[int, int] = {}
@@ -178,8 +192,15 @@ def test_mig_instances(sim) -> None:  # type: ignore[no-untyped-def]
 def test_nvml_layer_maps_errors_by_name() -> None:
     from exporter.sim.scenario import Timeline, parse
 
-    timeline = Timeline(parse({"gpus": {"count": 1}, "phases": [{"duration": 10}],
-                               "faults": [{"kind": "lost", "gpu": 0, "at": 0}]}))
+    timeline = Timeline(
+        parse(
+            {
+                "gpus": {"count": 1},
+                "phases": [{"duration": 10}],
+                "faults": [{"kind": "lost", "gpu": 0, "at": 0}],
+            }
+        )
+    )
     fakenvml.install(timeline)
     try:
         nvml = Nvml()

@@ -1,0 +1,129 @@
+"""The metric catalog (docs/metrics.md), generated from the reading declarations.
+
+    python -m exporter.catalog > docs/metrics.md
+
+A test regenerates it and fails when the committed file differs, and checks that a
+full scrape exposes nothing the catalog does not list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import exporter
+from exporter.metricdef import MetricDef
+from exporter.readings import GPU_READINGS
+from exporter.snapshot import CollectorStatus, ExporterInfo, GpuUp
+
+GPU_LABELS = ("gpu", "uuid")
+# Which GPUs provide each family; everything else works on every NVIDIA data-center GPU.
+SUPPORT = {
+    "gpm": "Hopper and later (H100, H200, B200); absent elsewhere",
+    "nvlink": "GPUs with NVLink (SXM A100/H100/H200, B200)",
+    "mig": "A100, A30, H100, H200, B200 (MIG-capable)",
+    "ecc": "GPUs with ECC memory; row remapping from A100 on",
+    "power": "all; HBM temperature on HBM parts only",
+    "clocks": "all; event durations from driver 535 on",
+}
+SKIP_PACKAGES = ("exporter.probe.plugin",)  # runs inside engines; declares no metric
+
+
+def _modules() -> Iterator[Any]:
+    for info in pkgutil.walk_packages(exporter.__path__, "exporter."):
+        if info.name in SKIP_PACKAGES or info.name.endswith("__main__"):
+            continue
+        yield importlib.import_module(info.name)
+
+
+def _reading_classes() -> list[type]:
+    found: dict[str, type] = {}
+    for module in _modules():
+        for obj in vars(module).values():
+            if isinstance(obj, type) and dataclasses.is_dataclass(obj) and _declares_metrics(obj):
+                found[f"{obj.__module__}.{obj.__qualname__}"] = obj
+    return [found[k] for k in sorted(found)]
+
+
+def _declares_metrics(cls: type) -> bool:
+    return any("metric" in f.metadata for f in dataclasses.fields(cls))
+
+
+def _rows(
+    cls: type[Any], base: tuple[str, ...], family: str
+) -> Iterator[tuple[MetricDef, tuple[str, ...], str]]:
+    fields = dataclasses.fields(cls)
+    labels = base + tuple(f.name for f in fields if f.metadata.get("label"))
+    for f in fields:
+        metric = f.metadata.get("metric")
+        if metric is not None:
+            extra = (metric.label,) if metric.label else ()
+            yield metric, labels + extra, family
+        elif f.metadata.get("nested"):
+            yield from _rows(f.metadata["of"], labels, family)
+
+
+def rows() -> list[tuple[MetricDef, tuple[str, ...], str]]:
+    """(metric, labels, family) for everything the exporter can expose."""
+    out: list[tuple[MetricDef, tuple[str, ...], str]] = []
+    gpu_classes = set(GPU_READINGS)
+    for cls in (*GPU_READINGS, GpuUp):
+        out.extend(_rows(cls, GPU_LABELS, getattr(cls, "family", "")))
+    for cls in _reading_classes():
+        if cls in gpu_classes or cls is GpuUp:
+            continue
+        out.extend(_rows(cls, (), ""))
+    assert CollectorStatus in _reading_classes() and ExporterInfo in _reading_classes()
+    seen: dict[str, tuple[MetricDef, tuple[str, ...], str]] = {}
+    for row in out:
+        seen.setdefault(row[0].name, row)
+    return [seen[k] for k in sorted(seen)]
+
+
+def names() -> set[str]:
+    return {m.name for m, _, _ in rows()}
+
+
+def _unit(name: str) -> str:
+    for suffix in ("bytes_per_second", "bytes", "seconds", "watts", "joules", "hertz", "celsius", "ratio"):
+        if re.search(rf"_{suffix}(_total)?$", name):
+            return suffix.replace("_per_", "/")
+    return "info" if name.endswith("_info") else "count"
+
+
+def _source(help_text: str) -> str:
+    match = re.search(r"\(([^()]*)\)\s*$", help_text)
+    return match.group(1) if match else "exporter"
+
+
+def markdown() -> str:
+    lines = [
+        "# Metric catalog",
+        "",
+        "Every series the exporter can expose, generated from the declarations in the code",
+        "(`python -m exporter.catalog > docs/metrics.md`; a test keeps it current).",
+        "A metric a GPU or engine cannot provide is absent, never zero;",
+        "`llmgpu_gpu_metric_supported{family}` says which families each GPU provides.",
+        "GPU series also carry `namespace`, `pod` and `container` when pod attribution is on.",
+        "",
+        "| name | type | labels | unit | source | GPUs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for metric, labels, family in rows():
+        help_text = metric.help.replace("|", "/")
+        description = re.sub(r"\s*\([^()]*\)\s*$", "", help_text)
+        support = SUPPORT.get(family, "all") if metric.name.startswith("llmgpu_gpu_") else ""
+        label_list = ", ".join(f"`{x}`" for x in labels)
+        lines.append(
+            f"| `{metric.name}` | {metric.kind} | {label_list} | {_unit(metric.name)} "
+            f"| {_source(help_text)} — {description} | {support} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

@@ -1,0 +1,77 @@
+"""Exposition: the catalog is current, and every scenario's scrape is clean for promtool."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter import app, catalog
+from exporter.config import Settings
+from exporter.exposition import render
+from exporter.metricdef import Histogram, MetricDef, samples
+from exporter.sim.scenario import builtin_names
+from exporter.snapshot import Snapshot
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_catalog_doc_is_current() -> None:
+    committed = (ROOT / "docs/metrics.md").read_text()
+    assert committed == catalog.markdown(), "run: python -m exporter.catalog > docs/metrics.md"
+
+
+def test_catalog_names_follow_conventions() -> None:
+    for metric, labels, _ in catalog.rows():
+        assert metric.name.startswith("llmgpu_"), metric.name
+        assert not re.search(r"_(percent|mib|mb|ms|milliwatts)\b", metric.name), metric.name
+        assert (metric.kind == "counter") == metric.name.endswith("_total"), metric.name
+        assert len(labels) == len(set(labels)), metric.name
+
+
+def _scrape(name: str) -> str:
+    *_, last = app.simulate(Settings(simulate=name), step_s=60.0)
+    return render(last).text.decode()
+
+
+@pytest.mark.parametrize("scenario", builtin_names())
+def test_scenario_scrape_passes_promtool_and_catalog(scenario: str) -> None:
+    text = _scrape(scenario)
+    exposed = {f.name for f in text_string_to_metric_families(text)}
+    known = {m.name.removesuffix("_total") if m.kind == "counter" else m.name for m, _, _ in catalog.rows()}
+    assert exposed <= known, f"not in docs/metrics.md: {sorted(exposed - known)}"
+    assert "llmgpu_gpu_up" in exposed and "llmgpu_exporter_simulated" in exposed
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: make system-deps installs Debian's prometheus package"
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
+    assert result.stdout + result.stderr == "", result.stdout + result.stderr
+
+
+def test_histogram_and_info_render() -> None:
+    from dataclasses import dataclass
+
+    from exporter.metricdef import histogram, info, label
+
+    @dataclass(frozen=True)
+    class R:
+        target: str = label()
+        h: Histogram | None = histogram("llmgpu_test_seconds", "A test histogram")
+        i: dict[str, str] | None = info("llmgpu_test_info", "A test info")
+
+    reading = R(
+        target="a:1", h=Histogram(((0.1, 1.0), (1.0, 3.0), (float("inf"), 4.0)), 2.5, 4.0), i={"k": "v"}
+    )
+    snap = Snapshot(taken_at=0.0, node={R: (reading,)})
+    text = render(snap).text.decode()
+    assert 'llmgpu_test_seconds_bucket{le="+Inf",target="a:1"} 4.0' in text
+    assert 'llmgpu_test_seconds_bucket{le="0.1",target="a:1"} 1.0' in text
+    assert 'llmgpu_test_seconds_sum{target="a:1"} 2.5' in text
+    assert 'llmgpu_test_info{k="v",target="a:1"} 1.0' in text
+    assert [m.name for m, _, _ in samples(reading)] == ["llmgpu_test_seconds", "llmgpu_test_info"]
+    assert isinstance(next(iter(samples(reading)))[0], MetricDef)
