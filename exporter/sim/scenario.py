@@ -247,8 +247,10 @@ def _integral(track: Track, t: float) -> float:
     total = 0.0
     for i in range(1, len(times)):
         t0, t1 = times[i - 1], min(times[i], t)
-        if t1 <= t0:
+        if t0 >= t:
             break
+        if t1 <= t0:  # a step: no width, no area
+            continue
         total += (values[i - 1] + _at(track, t1)) / 2 * (t1 - t0)
     if t > times[-1]:
         total += values[-1] * (t - times[-1])
