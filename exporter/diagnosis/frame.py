@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from exporter.collectors.allocator import AllocatorProbes
 from exporter.engines.readings import EngineGpus, Engines, EngineSeries, EngineTargetReading
 from exporter.readings import (
     Clocks,
@@ -337,43 +338,22 @@ def _min(values: Iterable[float | None]) -> float | None:
 
 
 def _allocators(snapshot: Snapshot) -> dict[int, tuple[AllocFrame, ...]]:
-    """Allocator probe readings by GPU index; empty until that collector exists."""
+    """Allocator probe readings by GPU index (processes the probe could place on a GPU)."""
     out: dict[int, list[AllocFrame]] = {}
-    readings = [r for group in snapshot.node.values() for r in group]
-    for item in (i for r in readings for i in _alloc_items(r)):
-        gpu = getattr(item, "gpu", None)
-        pid = getattr(item, "pid", None)
-        if gpu is None or pid is None or not str(gpu).isdigit():
-            continue
-        out.setdefault(int(gpu), []).append(
-            AllocFrame(
-                pid=int(pid),
-                reserved_bytes=_num(item, "reserved_bytes"),
-                allocated_bytes=_num(item, "allocated_bytes"),
-                free_bytes=_num(item, "free_bytes"),
-                largest_free_block_bytes=_num(item, "largest_free_block_bytes"),
-                fragmentation_ratio=_num(item, "fragmentation_ratio"),
-                alloc_retries_total=_num(item, "alloc_retries_total", "alloc_retries"),
-                ooms_total=_num(item, "ooms_total", "ooms"),
+    for probes in snapshot.all(AllocatorProbes):
+        for p in probes.processes:
+            if not p.gpu.isdigit():
+                continue
+            out.setdefault(int(p.gpu), []).append(
+                AllocFrame(
+                    pid=p.pid,
+                    reserved_bytes=_f(p.reserved_bytes),
+                    allocated_bytes=_f(p.allocated_bytes),
+                    free_bytes=_f(p.free_bytes),
+                    largest_free_block_bytes=_f(p.largest_free_block_bytes),
+                    fragmentation_ratio=p.fragmentation_ratio,
+                    alloc_retries_total=_f(p.alloc_retries),
+                    ooms_total=_f(p.ooms),
+                )
             )
-        )
     return {k: tuple(v) for k, v in out.items()}
-
-
-def _alloc_items(reading: object) -> Iterable[object]:
-    """The per-process items of an allocator reading (a class named Allocator*)."""
-    if not type(reading).__name__.startswith("Allocator"):
-        return ()
-    for attr in ("items", "processes", "probes"):
-        items = getattr(reading, attr, None)
-        if isinstance(items, tuple):
-            return items
-    return (reading,)
-
-
-def _num(item: object, *names: str) -> float | None:
-    for name in names:
-        value = getattr(item, name, None)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-    return None
