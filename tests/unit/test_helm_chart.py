@@ -410,7 +410,11 @@ def test_variant_renders_lints_and_validates(
     for cm in by_kind(docs, "ConfigMap"):
         for key, text in cm.get("data", {}).items():
             if key.endswith(".json"):
-                assert isinstance(json.loads(text), dict), f"{key} is not a JSON object"
+                try:
+                    dashboard = json.loads(text)
+                except json.JSONDecodeError as err:
+                    pytest.fail(f"dashboard {key} in ConfigMap {cm['metadata']['name']}: {err}")
+                assert isinstance(dashboard, dict), f"{key} is not a JSON object"
 
 
 def test_render_is_fast(chart: Any) -> None:
