@@ -54,12 +54,12 @@ class AllocatorProbes:
     processes: tuple[AllocatorProcess, ...] = nested(AllocatorProcess)
     probes: dict[str, int] | None = gauge(
         "llmgpu_allocator_probes",
-        "Fresh probe files by the probe's state (e.g. no_cuda, running)",
+        "Fresh probe files by the probe's state: no_cuda, sampling, failed... (probe)",
         label="state",
     )
     rejected: dict[str, int] | None = gauge(
         "llmgpu_allocator_probe_files_rejected",
-        "Probe files ignored in the last scan, by reason (malformed, stale, dead_pid, ...)",
+        "Probe files ignored in the last scan by reason: malformed, stale, dead_pid... (probe)",
         label="reason",
     )
     reports: tuple[ProbeReport, ...] = ()  # for the diagnosis; not exported
