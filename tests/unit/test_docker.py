@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 import yaml
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
