@@ -400,8 +400,8 @@ def test_variant_renders_lints_and_validates(
     docs = render(chart, values)
     assert by_kind(docs, "DaemonSet"), "no DaemonSet rendered"
     for version in KUBE_VERSIONS:
-        report = helm.lint(chart_dir, values, namespace=NAMESPACE, kube_version=f"v{version}.0")
-        errors = [m for m in report["messages"] if m["severity"] >= 3]
+        report = helm.lint(chart_dir, values, namespace=NAMESPACE, kube_version=f"v{version}.0", strict=True)
+        errors = [m for m in report["messages"] if m["severity"] >= 2]  # warnings count too
         assert not errors and not report["errors"], report
     VALIDATED[variant] = validate_all(docs)
     groups = [g for rule in by_kind(docs, "PrometheusRule") for g in rule["spec"]["groups"]]
