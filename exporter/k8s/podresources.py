@@ -113,7 +113,7 @@ def _message_classes() -> dict[str, Any]:
     for message_name, fields in layout.items():
         file_proto.message_type.add(name=message_name).field.extend(fields)
     pool = descriptor_pool.DescriptorPool()
-    pool.Add(file_proto)
+    pool.AddSerializedFile(file_proto.SerializeToString())
 
     def message_class(name: str) -> Any:
         descriptor = pool.FindMessageTypeByName(f"{_PACKAGE}.{name}")
