@@ -16,8 +16,8 @@ from exporter.snapshot import Snapshot
 
 def engine_gpus(snapshot: Snapshot) -> tuple[object, ...]:
     """The llmgpu_engine_gpu_info join rows; nothing when no engine matches a GPU."""
-    engines = snapshot.get(Engines)
-    if engines is None:
+    targets = [t for engines in snapshot.all(Engines) for t in engines.targets]
+    if not targets:
         return ()
     links: list[EngineGpu] = []
     for gpu in snapshot.gpus:
@@ -25,7 +25,7 @@ def engine_gpus(snapshot: Snapshot) -> tuple[object, ...]:
         if procs is None or not procs.items:
             continue
         on_gpu = {p.pid for p in procs.items}
-        for target in engines.targets:
+        for target in targets:
             if not target.pids or not (target.pids & on_gpu):
                 continue
             models = target.models or tuple(s.model for s in target.status if s.model) or (None,)

@@ -1,0 +1,314 @@
+"""Hostile and broken engine endpoints, against loopback servers started here.
+
+Each bad input gets its own server (its own host:port, so its own `target` label):
+refused connections, HTTP 500, HTML, binary garbage, a 50 MiB body, 100 000 label
+values, and a response that never finishes. Each must end as up=0 with its reason
+counted, within its timeout, while a good target beside them keeps reporting and the
+exposition of the whole stays valid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.engines.readings import Engines, EngineTargetReading
+from exporter.engines.scraper import EngineScraper, ScrapeConfig
+from exporter.engines.targets import Target
+from exporter.exposition import render
+from exporter.snapshot import Snapshot
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD_PAGE = (ROOT / "tests" / "fixtures" / "vllm" / "vllm-0.32-cpu-loaded.txt").read_bytes()
+MiB = 1024 * 1024
+TIMEOUT_S = 1.0
+
+Respond = Callable[[BaseHTTPRequestHandler], None]
+
+
+class Server:
+    """A loopback HTTP server whose every GET is answered by `respond`."""
+
+    def __init__(self, respond: Respond, port: int = 0) -> None:
+        self.sent = 0
+        self.requests = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                outer.requests += 1
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    respond(self)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        ThreadingHTTPServer.allow_reuse_address = True
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.httpd.daemon_threads = True
+        self.port = int(self.httpd.server_address[1])
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def send(h: BaseHTTPRequestHandler, status: int, body: bytes, ctype: str = "text/plain") -> None:
+    h.send_response(status)
+    h.send_header("Content-Type", ctype)
+    h.send_header("Content-Length", str(len(body)))
+    h.end_headers()
+    h.wfile.write(body)
+
+
+def good(h: BaseHTTPRequestHandler) -> None:
+    send(h, 200, GOOD_PAGE, "text/plain; version=0.0.4")
+
+
+def status_500(h: BaseHTTPRequestHandler) -> None:
+    send(h, 500, b"Internal Server Error")
+
+
+def html(h: BaseHTTPRequestHandler) -> None:
+    send(h, 200, b"<!doctype html><html><body><h1>Welcome</h1></body></html>", "text/html")
+
+
+def html_as_text(h: BaseHTTPRequestHandler) -> None:
+    send(h, 200, b"<html><head><title>login</title></head></html>\n")
+
+
+def garbage(h: BaseHTTPRequestHandler) -> None:
+    send(h, 200, os.urandom(64 * 1024))
+
+
+def text_garbage(h: BaseHTTPRequestHandler) -> None:
+    send(h, 200, b'vllm:num_requests_running{model_name="x" 1\n}}} nonsense =\n')
+
+
+def huge(server_ref: list[Server]) -> Respond:
+    def respond(h: BaseHTTPRequestHandler) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", "text/plain")
+        h.send_header("Connection", "close")  # no length: the body runs until we stop
+        h.end_headers()
+        line = b'vllm:num_requests_running{model_name="m"} 1\n' * 1024
+        for _ in range(50 * MiB // len(line)):
+            h.wfile.write(line)
+            server_ref[0].sent += len(line)
+
+    return respond
+
+
+def huge_declared(h: BaseHTTPRequestHandler) -> None:
+    h.send_response(200)
+    h.send_header("Content-Type", "text/plain")
+    h.send_header("Content-Length", str(50 * MiB))
+    h.end_headers()
+    h.wfile.write(b"# a body that claims 50 MiB\n")
+
+
+def many_series(h: BaseHTTPRequestHandler) -> None:
+    body = "".join(
+        f'vllm:num_requests_running{{model_name="m{i}"}} 1\n' for i in range(100_000)
+    ).encode()
+    assert len(body) < 8 * MiB  # under the size cap: the series cap must catch it
+    send(h, 200, body)
+
+
+def never_finishes(h: BaseHTTPRequestHandler) -> None:
+    h.send_response(200)
+    h.send_header("Content-Type", "text/plain")
+    h.send_header("Content-Length", "100000")
+    h.end_headers()
+    for _ in range(600):  # a byte every 0.1 s: no read ever times out, the whole does
+        h.wfile.write(b"#")
+        h.wfile.flush()
+        time.sleep(0.1)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def servers() -> Iterator[dict[str, Server]]:
+    ref: list[Server] = []
+    made = {
+        "good": Server(good),
+        "status_500": Server(status_500),
+        "html": Server(html),
+        "html_as_text": Server(html_as_text),
+        "garbage": Server(garbage),
+        "text_garbage": Server(text_garbage),
+        "huge": Server(huge(ref)),
+        "huge_declared": Server(huge_declared),
+        "many_series": Server(many_series),
+        "never_finishes": Server(never_finishes),
+    }
+    ref.append(made["huge"])
+    yield made
+    for s in made.values():
+        s.stop()
+
+
+EXPECTED = {
+    "status_500": "http_status",
+    "html": "not_prometheus",
+    "html_as_text": "not_prometheus",
+    "garbage": "not_prometheus",
+    "text_garbage": "not_prometheus",
+    "huge": "too_large",
+    "huge_declared": "too_large",
+    "many_series": "too_many_series",
+    "never_finishes": "timeout",
+    "refused": "refused",
+}
+
+
+def scraper_for(servers: dict[str, Server]) -> tuple[EngineScraper, dict[str, str]]:
+    urls = {name: s.url for name, s in servers.items()}
+    urls["refused"] = f"http://127.0.0.1:{closed_port()}/metrics"
+    scraper = EngineScraper(
+        ScrapeConfig(interval_s=0.5, timeout_s=TIMEOUT_S),
+        [Target(url=u, kind="vllm" if n == "good" else None) for n, u in urls.items()],
+    )
+    return scraper, {n: Target(url=u).name for n, u in urls.items()}
+
+
+def by_name(engines: Engines, names: dict[str, str]) -> dict[str, EngineTargetReading]:
+    out = {}
+    for kind, name in names.items():
+        found = engines.target(name)
+        assert found is not None, kind
+        out[kind] = found
+    return out
+
+
+def test_every_bad_input_is_down_with_its_reason_and_the_good_one_keeps_working(
+    servers: dict[str, Server],
+) -> None:
+    scraper, names = scraper_for(servers)
+    started = time.monotonic()
+    scraper.refresh()
+    took = time.monotonic() - started
+    got = by_name(scraper.readings(), names)
+
+    assert took < TIMEOUT_S + 3.0, f"targets are scraped concurrently; one round took {took:.1f} s"
+    for kind, reason in EXPECTED.items():
+        t = got[kind]
+        assert not t.up, kind
+        assert t.status[0].up == 0
+        assert t.scrape_errors is not None and t.scrape_errors[reason] == 1, (kind, t.scrape_errors)
+        assert sum(t.scrape_errors.values()) == 1, (kind, t.scrape_errors)
+        assert t.series == (), f"{kind}: no engine series from a failed scrape"
+        assert t.last_error and reason in t.last_error
+    ok = got["good"]
+    assert ok.up and ok.series and ok.series[0].generation_tokens
+    assert ok.scrape_errors is not None and sum(ok.scrape_errors.values()) == 0
+    # the 50 MiB body was abandoned near the cap, not read to its end
+    assert servers["huge"].sent < 30 * MiB
+
+    # a second round counts again, and the whole still renders to valid exposition text
+    scraper.refresh()
+    again = by_name(scraper.readings(), names)
+    assert again["status_500"].scrape_errors is not None
+    assert again["status_500"].scrape_errors["http_status"] == 2
+    text = render(Snapshot(taken_at=0.0, node={Engines: (scraper.readings(),)})).text.decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    ups = {s.labels["target"]: s.value for s in families["llmgpu_engine_up"].samples}
+    assert ups[names["good"]] == 1.0
+    assert all(ups[names[k]] == 0.0 for k in EXPECTED)
+    reasons = {
+        (s.labels["target"], s.labels["reason"]): s.value
+        for s in families["llmgpu_engine_scrape_errors"].samples
+    }
+    assert reasons[(names["never_finishes"], "timeout")] == 2
+    assert reasons[(names["good"], "timeout")] == 0, "every reason exported from 0 on"
+
+
+def test_memory_stays_bounded_on_the_50_mib_body_and_the_100k_series_page(
+    servers: dict[str, Server],
+) -> None:
+    targets = [Target(url=servers["huge"].url), Target(url=servers["many_series"].url)]
+    scraper = EngineScraper(ScrapeConfig(timeout_s=5.0), targets)
+    tracemalloc.start()
+    try:
+        scraper.refresh()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 * MiB, f"peak {peak / MiB:.1f} MiB"
+    reasons = {t.target: t.last_error or "" for t in scraper.readings().targets}
+    assert any("too_large" in r for r in reasons.values())
+    assert any("too_many_series" in r for r in reasons.values())
+
+
+def test_a_hanging_target_does_not_hold_the_others_in_the_background(
+    servers: dict[str, Server],
+) -> None:
+    targets = [Target(url=servers["never_finishes"].url), Target(url=servers["good"].url)]
+    scraper = EngineScraper(ScrapeConfig(interval_s=0.2, timeout_s=3.0), targets)
+    scraper.start()
+    try:
+        deadline = time.monotonic() + 5.0
+        good_name = targets[1].name
+        scrapes_of_good = 0
+        while time.monotonic() < deadline:
+            t = scraper.readings().target(good_name)
+            if t is not None and t.up:
+                scrapes_of_good = servers["good"].requests
+                if scrapes_of_good >= 3:
+                    break
+            time.sleep(0.05)
+        # the good target was scraped several times while the hanging one held its 3 s
+        assert scrapes_of_good >= 3
+        hanging = scraper.readings().target(targets[0].name)
+        assert hanging is None or not hanging.up
+    finally:
+        scraper.stop()
+
+
+def test_a_restarted_engine_is_picked_up_again() -> None:
+    server = Server(good)
+    target = Target(url=server.url)
+    scraper = EngineScraper(ScrapeConfig(timeout_s=TIMEOUT_S), [target])
+    scraper.refresh()
+    first = scraper.readings().target(target.name)
+    assert first is not None and first.up
+    server.stop()
+    scraper.refresh()
+    down = scraper.readings().target(target.name)
+    assert down is not None and not down.up
+    assert down.scrape_errors is not None and down.scrape_errors["refused"] == 1
+    assert down.status[0].model == "tiny", "the last known model keeps the up series stable"
+    back = Server(good, port=server.port)  # the engine comes back on its port
+    try:
+        scraper.refresh()
+        up = scraper.readings().target(target.name)
+        assert up is not None and up.up and up.series
+        assert up.scrape_errors is not None and up.scrape_errors["refused"] == 1
+    finally:
+        back.stop()
