@@ -21,9 +21,7 @@ def block(size: int, state: str = "inactive") -> dict[str, Any]:
     return {"address": 0, "size": size, "requested_size": size, "state": state, "frames": []}
 
 
-def segment(
-    *blocks: dict[str, Any], segment_type: str = "large", device: int = 0
-) -> dict[str, Any]:
+def segment(*blocks: dict[str, Any], segment_type: str = "large", device: int = 0) -> dict[str, Any]:
     total = sum(b["size"] for b in blocks)
     allocated = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
     return {
@@ -112,9 +110,7 @@ def test_sum_of_squares_sees_spread_that_largest_block_ignores() -> None:
 
 
 def test_pending_free_and_allocated_blocks_are_not_free() -> None:
-    snapshot = [
-        segment(block(MiB, "active_allocated"), block(MiB, "active_pending_free"), block(MiB))
-    ]
+    snapshot = [segment(block(MiB, "active_allocated"), block(MiB, "active_pending_free"), block(MiB))]
     assert free_block_sizes(snapshot) == [MiB]
 
 

@@ -123,9 +123,7 @@ def test_inert_without_directory(tmp_path: Path) -> None:
     assert plugin.active_probe() is None
 
 
-def test_default_directory_enables_when_it_exists(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_default_directory_enables_when_it_exists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plugin, "DEFAULT_DIR", str(tmp_path))
     config = plugin.config_from_env({})
     assert config == plugin.ProbeConfig(str(tmp_path), 15.0, False)
@@ -236,9 +234,7 @@ def test_heartbeat_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert cuda.snapshot_calls == []
 
 
-def test_waiting_probe_polls_and_writes_on_change(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_waiting_probe_polls_and_writes_on_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cuda = FakeCuda(initialized=False)
     install_fake_torch(monkeypatch, cuda)
     probe = probe_for(tmp_path)
@@ -323,9 +319,7 @@ def test_module_imports_nothing_heavy() -> None:
         print(sorted(heavy & (set(sys.modules) - before)))
         """
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
-    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
@@ -351,9 +345,7 @@ def test_forked_child_starts_its_own_probe(tmp_path: Path) -> None:
         print("files", len(os.listdir({str(tmp_path)!r})), os.getpid(), flush=True)
         """
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
-    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split()
     assert lines[:2] == ["child", "True"] and int(lines[2]) >= 1

@@ -78,9 +78,7 @@ def test_report_round_trips_through_json() -> None:
 
 
 def test_heartbeat_without_cuda_round_trips() -> None:
-    r = ProbeReport(
-        timestamp=NOW, pid=7, state="no_cuda", cuda_available=False, interval_seconds=15
-    )
+    r = ProbeReport(timestamp=NOW, pid=7, state="no_cuda", cuda_available=False, interval_seconds=15)
     back = ProbeReport.from_json(r.to_json())
     assert back == r
     assert back.reserved_bytes is None and back.fragmentation_ratio is None
