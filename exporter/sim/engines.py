@@ -175,7 +175,10 @@ class SimEngine:
         self.port = int(self._server.server_address[1])
         self.url = f"http://127.0.0.1:{self.port}/metrics"
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name=f"sim-engine-{spec.name}", daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name=f"sim-engine-{spec.name}",
+            daemon=True,
         )
         self._thread.start()
 
