@@ -46,7 +46,9 @@ def gpu(index: int = 0, **kw: Any) -> GpuFrame:
     return GpuFrame(**base)
 
 
-def engine(target: str = "http://10.0.0.1:8000/metrics", gpus: tuple[int, ...] = (0,), **kw: Any) -> EngineFrame:
+def engine(
+    target: str = "http://10.0.0.1:8000/metrics", gpus: tuple[int, ...] = (0,), **kw: Any
+) -> EngineFrame:
     base: dict[str, Any] = dict(
         target=target,
         name="vllm Llama-3.1-8B",

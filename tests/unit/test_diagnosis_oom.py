@@ -121,7 +121,9 @@ def test_allocator_oom_counted_is_certain_risk() -> None:
 
 
 def test_fragmentation_reason() -> None:
-    a = AllocFrame(pid=1000, free_bytes=6 * GIB, largest_free_block_bytes=64 * 1024**2, fragmentation_ratio=0.95)
+    a = AllocFrame(
+        pid=1000, free_bytes=6 * GIB, largest_free_block_bytes=64 * 1024**2, fragmentation_ratio=0.95
+    )
     (r,) = risks([frame(0.0, (replace(gpu(0), allocators=(a,)),), (engine(gpus=(0,)),))])
     assert r.ratio == pytest.approx(DEFAULT.oom_fragmentation_weight)
     assert "largest free block" in r.reasons[0]

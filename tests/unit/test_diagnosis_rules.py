@@ -95,7 +95,9 @@ def test_pcie_replays_rate_edges() -> None:
 
 def test_pcie_replays_survive_a_counter_reset() -> None:
     frames = _replays(20.0)
-    frames[-5:] = [replace(f, gpus=(replace(f.gpus[0], pcie_replays_total=i * 2.0),)) for i, f in enumerate(frames[-5:])]
+    frames[-5:] = [
+        replace(f, gpus=(replace(f.gpus[0], pcie_replays_total=i * 2.0),)) for i, f in enumerate(frames[-5:])
+    ]
     assert fires("hardware/pcie_replays", frames)
 
 
@@ -184,8 +186,12 @@ def test_low_mfu_mbu_edges() -> None:
 def test_kv_cache_saturated_edges() -> None:
     k, p = TH.kv_usage_min_ratio, TH.kv_preemptions_min_per_second
     assert fires("memory/kv_cache_saturated", [with_engine(kv_usage_ratio=k, preemptions_per_second=p)])
-    assert not fires("memory/kv_cache_saturated", [with_engine(kv_usage_ratio=k - EPS, preemptions_per_second=5)])
-    assert not fires("memory/kv_cache_saturated", [with_engine(kv_usage_ratio=1.0, preemptions_per_second=p * 0.9)])
+    assert not fires(
+        "memory/kv_cache_saturated", [with_engine(kv_usage_ratio=k - EPS, preemptions_per_second=5)]
+    )
+    assert not fires(
+        "memory/kv_cache_saturated", [with_engine(kv_usage_ratio=1.0, preemptions_per_second=p * 0.9)]
+    )
 
 
 def test_kv_preemption_rate_from_the_counter_when_no_rate_is_given() -> None:
@@ -313,7 +319,9 @@ def test_spec_acceptance_edges() -> None:
 def test_itl_jitter_edges() -> None:
     j = TH.itl_jitter_ratio
     assert fires("decoding/itl_jitter", [with_engine(itl_p50_seconds=0.02, itl_p99_seconds=0.02 * j)])
-    assert not fires("decoding/itl_jitter", [with_engine(itl_p50_seconds=0.02, itl_p99_seconds=0.02 * j * 0.99)])
+    assert not fires(
+        "decoding/itl_jitter", [with_engine(itl_p50_seconds=0.02, itl_p99_seconds=0.02 * j * 0.99)]
+    )
     assert not fires("decoding/itl_jitter", [with_engine(itl_p50_seconds=None, itl_p99_seconds=1.0)])
 
 
