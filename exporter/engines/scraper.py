@@ -273,8 +273,8 @@ class EngineScraper:
         # scrapes; redirects are not followed (a /metrics that redirects is misconfigured).
         return httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=None)
 
-    async def _round(self, client: httpx.AsyncClient | None = None) -> None:
-        if time.monotonic() - self._last_discovery >= DISCOVERY_S:
+    async def _round(self, client: httpx.AsyncClient | None = None, discover: bool = False) -> None:
+        if discover or time.monotonic() - self._last_discovery >= DISCOVERY_S:
             await self._discover()
         with self._lock:
             states = list(self._states.values())
@@ -286,14 +286,15 @@ class EngineScraper:
             if own:
                 await http.aclose()
 
-    def refresh(self) -> None:
-        """One scrape of every current target (after discovery when due); returns when done."""
+    def refresh(self, *, discover: bool = False) -> None:
+        """One scrape of every current target, after discovery when due (or asked for);
+        returns when done."""
         loop = self._loop
         if loop is not None and loop.is_running():
-            future: Future[None] = asyncio.run_coroutine_threadsafe(self._round(), loop)
+            future: Future[None] = asyncio.run_coroutine_threadsafe(self._round(discover=discover), loop)
             future.result()
         else:
-            asyncio.run(self._round())
+            asyncio.run(self._round(discover=discover))
 
     def start(self) -> None:
         if self._thread is not None:
