@@ -496,7 +496,7 @@ def test_monitors_off(chart: Any) -> None:
     assert [cm["metadata"]["name"] for cm in by_kind(docs, "ConfigMap")] == [FULLNAME]
 
 
-def test_attribution_adds_host_pid_socket_and_rbac(chart: Any) -> None:
+def test_attribution_and_discovery(chart: Any) -> None:
     docs = render(chart, VARIANTS["attribution-on"])
     pod = daemonset_pod(docs)
     container = exporter_container(docs)
@@ -533,6 +533,15 @@ def test_attribution_adds_host_pid_socket_and_rbac(chart: Any) -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": NAMESPACE}
     ]
+
+
+def test_attribution_alone_needs_no_api_access(chart: Any) -> None:
+    docs = render(chart, {"attribution": {"enabled": True}})
+    pod = daemonset_pod(docs)
+    assert pod["hostPID"] is True
+    assert pod["automountServiceAccountToken"] is False
+    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
+    assert "kubelet_socket" in config_of(docs)
 
 
 def test_discovery_alone_needs_rbac_but_not_host_access(chart: Any) -> None:

@@ -41,9 +41,9 @@ app.kubernetes.io/component: exporter
 {{- end -}}
 {{- end -}}
 
-{{/* "true" when the exporter talks to the API server: engine discovery or attribution. */}}
+{{/* "true" when the exporter talks to the API server: engine discovery through pods. */}}
 {{- define "llm-gpu-exporter.needsApi" -}}
-{{- if or .Values.discovery.kubernetes .Values.attribution.enabled -}}true{{- end -}}
+{{- if .Values.discovery.kubernetes -}}true{{- end -}}
 {{- end -}}
 
 {{- define "llm-gpu-exporter.image" -}}
