@@ -1,0 +1,1 @@
+"""Grafana dashboards as code: grafanalib sources (*.dashboard.py) and their generated JSON."""

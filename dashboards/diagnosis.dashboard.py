@@ -1,0 +1,464 @@
+"""Diagnosis: the six-layer findings over time, the OOM-risk score, and the evidence behind each rule."""
+
+from __future__ import annotations
+
+from dashboards.common import (
+    GPU,
+    NODE,
+    ON_GPU,
+    Row,
+    cluster_var,
+    custom_var,
+    divide,
+    gpu_var,
+    node_var,
+    q,
+    rate,
+    stat,
+    state_timeline,
+    table,
+    timeseries,
+)
+from dashboards.common import (
+    dashboard as make_dashboard,
+)
+
+LAYERS = ("hardware", "kernel", "memory", "scheduling", "parallel", "decoding", "capacity")
+F = f'{NODE}, layer=~"$layer"'
+ENG = f"{NODE}"
+THROTTLE = 'reason=~"sw_thermal|hw_thermal|hw_slowdown|sw_power_cap|hw_power_brake"'
+XID_FATAL = 'xid=~"48|64|74|79|92|94|95"'
+Q1M = 'window="1m"'
+
+
+def on_engine_gpus(metric: str) -> str:
+    return f"llmgpu_engine_gpu_info{{{ENG}}}\n* {ON_GPU} group_left ()\n{metric}"
+
+
+findings = Row(
+    "Findings",
+    [
+        stat(
+            "Active findings",
+            "Rules holding now on the selected nodes and layers.",
+            [q(f"sum(llmgpu_diagnosis_finding{{{F}}})")],
+            steps=(("green", None), ("orange", 1)),
+            w=4,
+        ),
+        stat(
+            "By severity",
+            "Active findings by the rule's severity (critical, warning, info).",
+            [q(f"sum by (severity) (llmgpu_diagnosis_finding{{{F}}})", "{{severity}}")],
+            text_mode="value_and_name",
+            w=8,
+        ),
+        stat(
+            "Highest OOM-risk score",
+            "Highest OOM-risk score of the selected GPUs. At 0.6 the memory/oom_risk finding "
+            "fires and LlmGpuOomRiskHigh pages after 2 minutes.",
+            [q(f"max(llmgpu_diagnosis_oom_risk_ratio{{{GPU}}})")],
+            unit="percentunit",
+            steps=(("green", None), ("orange", 0.3), ("red", 0.6)),
+            graph=True,
+            w=4,
+        ),
+        table(
+            "Findings now",
+            "Every rule holding now, with its subject: a GPU, an engine target, or both.",
+            [
+                q(
+                    f"llmgpu_diagnosis_finding{{{F}}} == 1",
+                    instant=True,
+                    fmt="table",
+                    scenarios=("sm-saturation", "kv-pressure"),
+                )
+            ],
+            hide=("Time", "__name__", "job", "cluster", "Value"),
+            w=8,
+            h=8,
+        ),
+        timeseries(
+            "Findings over time per layer",
+            "Findings holding per layer. A band that appears with a scenario or an incident "
+            "names the layer to look at first.",
+            [q(f"sum by (layer) (llmgpu_diagnosis_finding{{{F}}})", "{{layer}}")],
+            stack=True,
+            w=12,
+        ),
+        timeseries(
+            "Findings over time per rule",
+            "Findings holding per rule (rules that never fired are left out).",
+            [
+                q(
+                    f"sum by (layer, rule) (llmgpu_diagnosis_finding{{{F}}}) > 0",
+                    "{{rule}}",
+                    scenarios=("sm-saturation", "kv-pressure"),
+                )
+            ],
+            stack=True,
+            bars=True,
+            w=12,
+        ),
+        state_timeline(
+            "Findings timeline",
+            "When each rule held, per subject; only rules that fired in the time range are drawn.",
+            [
+                q(
+                    f"llmgpu_diagnosis_finding{{{F}}}\nand\n"
+                    f"(max_over_time(llmgpu_diagnosis_finding{{{F}}}[$__range]) == 1)",
+                    "{{rule}} gpu={{gpu}} target={{target}}",
+                    scenarios=("sm-saturation", "kv-pressure"),
+                )
+            ],
+        ),
+    ],
+)
+
+oom = Row(
+    "Memory layer: OOM risk",
+    [
+        timeseries(
+            "OOM-risk score",
+            "Out-of-memory risk per GPU and engine, 0-1, combining free-memory trend, usage over "
+            "the engine's budget, KV pressure, allocator fragmentation and GPU sharing "
+            "(1 - product of 1 - weight). The dashed line is the finding level.",
+            [q(f"llmgpu_diagnosis_oom_risk_ratio{{{GPU}}}", "GPU {{gpu}} {{target}}")],
+            unit="percentunit",
+            min_=0,
+            max_=1,
+            threshold=0.6,
+        ),
+        timeseries(
+            "Evidence: free memory and its trend",
+            "Free framebuffer over the total (low headroom under 5 %), and where it is headed in "
+            "30 minutes at the trend of the last 5 (below 0: full before then).",
+            [
+                q(
+                    divide(
+                        f"llmgpu_gpu_memory_free_bytes{{{GPU}}}", f"llmgpu_gpu_memory_total_bytes{{{GPU}}}"
+                    ),
+                    "GPU {{gpu}} free",
+                ),
+                q(
+                    divide(
+                        f"predict_linear(llmgpu_gpu_memory_free_bytes{{{GPU}}}[5m], 1800)",
+                        f"llmgpu_gpu_memory_total_bytes{{{GPU}}}",
+                    ),
+                    "GPU {{gpu}} free in 30 min",
+                ),
+            ],
+            unit="percentunit",
+            max_=1,
+            threshold=0.05,
+        ),
+        timeseries(
+            "Evidence: KV cache and preemptions (memory/kv_cache_saturated)",
+            "KV-cache usage (rule: 95 %) and preemptions per minute (rule: 3 per minute).",
+            [
+                q(f"llmgpu_engine_kv_cache_usage_ratio{{{ENG}}}", "{{target}} KV usage"),
+                q(f"60 * {rate('llmgpu_engine_preemptions_total', ENG)}", "{{target}} preemptions/min"),
+            ],
+        ),
+        timeseries(
+            "Evidence: allocator fragmentation (memory/allocator_fragmentation)",
+            "Largest free block of the engine's allocator against the 512 MiB a full batch's "
+            "activations need, and the fragmentation ratio.",
+            [
+                q(
+                    f"llmgpu_allocator_largest_free_block_bytes{{{GPU}}}",
+                    "GPU {{gpu}} pid {{pid}} largest block",
+                    scenarios=("memory-leak",),
+                ),
+                q(
+                    f"llmgpu_allocator_fragmentation_ratio{{{GPU}}}",
+                    "GPU {{gpu}} pid {{pid}} fragmentation",
+                    scenarios=("memory-leak",),
+                ),
+            ],
+        ),
+        timeseries(
+            "Evidence: memory faults (memory/xid_memory_fault)",
+            "XID 31 (MMU fault) and 43 (GPU stopped processing) in each interval, and OOMs the "
+            "allocator probe saw.",
+            [
+                q(
+                    "sum by (gpu, xid) (\n"
+                    f'  increase(llmgpu_gpu_xid_errors_total{{{GPU}, xid=~"31|43"}}[$__rate_interval])\n)',
+                    "GPU {{gpu}} XID {{xid}}",
+                ),
+                q(
+                    f"sum by (gpu) (increase(llmgpu_allocator_ooms_total{{{GPU}}}[$__rate_interval]))",
+                    "GPU {{gpu}} allocator OOMs",
+                    scenarios=("memory-leak",),
+                ),
+            ],
+            bars=True,
+        ),
+        timeseries(
+            "Evidence: processes sharing a GPU (OOM risk: sharing)",
+            "Compute processes per GPU; several outside MIG each assume the memory is theirs.",
+            [q(f"llmgpu_gpu_processes{{{GPU}}}", "GPU {{gpu}}")],
+        ),
+    ],
+)
+
+hardware = Row(
+    "Hardware layer",
+    [
+        timeseries(
+            "Evidence: busy but idle SMs (hardware/busy_idle_sms)",
+            "NVML utilization (rule: at least 80 %) against SM active (rule: under 30 %).",
+            [
+                q(f"llmgpu_gpu_utilization_ratio{{{GPU}}}", "GPU {{gpu}} utilization"),
+                q(f"llmgpu_gpu_sm_active_ratio{{{GPU}}}", "GPU {{gpu}} SM active"),
+            ],
+            unit="percentunit",
+            min_=0,
+            max_=1,
+        ),
+        timeseries(
+            "Evidence: DRAM bandwidth (hardware/dram_bandwidth_bound)",
+            "DRAM bandwidth over peak; the rule fires at 85 %.",
+            [
+                q(
+                    f"llmgpu_gpu_dram_active_ratio{{{GPU}}}",
+                    "GPU {{gpu}}",
+                    scenarios=("healthy", "decode-memory-bound"),
+                )
+            ],
+            unit="percentunit",
+            min_=0,
+            max_=1,
+            threshold=0.85,
+        ),
+        timeseries(
+            "Evidence: throttling (hardware/thermal_throttle, hardware/power_throttle)",
+            "Clock-event reasons active now, and the SM clock over its maximum (the power rule "
+            "needs it under 85 %).",
+            [
+                q(
+                    f"llmgpu_gpu_clock_event_active{{{GPU}, {THROTTLE}}} == 1",
+                    "GPU {{gpu}} {{reason}}",
+                    scenarios=("thermal-throttle",),
+                ),
+                q(
+                    divide(f"llmgpu_gpu_sm_clock_hertz{{{GPU}}}", f"llmgpu_gpu_sm_clock_max_hertz{{{GPU}}}"),
+                    "GPU {{gpu}} SM clock / max",
+                ),
+            ],
+            min_=0,
+        ),
+        timeseries(
+            "Evidence: PCIe replays (hardware/pcie_replays)",
+            "PCIe replays per minute (rule: 8 per minute over 5 minutes).",
+            [q(f"60 * rate(llmgpu_gpu_pcie_replays_total{{{GPU}}}[5m])", "GPU {{gpu}}")],
+        ),
+        timeseries(
+            "Evidence: GPU errors (hardware/gpu_lost, xid_fatal, ecc_uncorrectable)",
+            "GPUs not answering NVML, fatal XIDs and uncorrectable ECC errors in each interval.",
+            [
+                q(f"1 - llmgpu_gpu_up{{{GPU}}}", "GPU {{gpu}} not answering"),
+                q(
+                    "sum by (gpu, xid) (\n"
+                    f"  increase(llmgpu_gpu_xid_errors_total{{{GPU}, {XID_FATAL}}}[$__rate_interval])\n) > 0",
+                    "GPU {{gpu}} XID {{xid}}",
+                    scenarios=("gpu-lost",),
+                ),
+                q(
+                    f"increase(llmgpu_gpu_ecc_uncorrected_errors_total{{{GPU}}}[$__rate_interval])",
+                    "GPU {{gpu}} uncorrected ECC",
+                ),
+            ],
+            w=24,
+        ),
+    ],
+    collapsed=False,
+)
+
+kernel = Row(
+    "Kernel layer",
+    [
+        timeseries(
+            "Evidence: tensor cores idle while SMs busy (kernel/low_tensor_activity)",
+            "SM active (rule: above 50 %) against tensor active (rule: under 10 %).",
+            [
+                q(f"llmgpu_gpu_sm_active_ratio{{{GPU}}}", "GPU {{gpu}} SM active"),
+                q(f"llmgpu_gpu_tensor_active_ratio{{{GPU}}}", "GPU {{gpu}} tensor active"),
+            ],
+            unit="percentunit",
+            min_=0,
+            max_=1,
+        ),
+        timeseries(
+            "Evidence: bandwidth and compute use (kernel/low_mfu_mbu)",
+            "Busy GPUs that reach neither 20 % of peak bandwidth (MBU) nor 10 % of peak FLOP/s "
+            "(MFU, tensor activity as its proxy) spend their time on launches and syncs.",
+            [
+                q(f"llmgpu_gpu_dram_active_ratio{{{GPU}}}", "GPU {{gpu}} MBU"),
+                q(f"llmgpu_gpu_tensor_active_ratio{{{GPU}}}", "GPU {{gpu}} tensor"),
+                q(f"llmgpu_gpu_utilization_ratio{{{GPU}}}", "GPU {{gpu}} utilization"),
+            ],
+            unit="percentunit",
+            min_=0,
+            max_=1,
+        ),
+    ],
+)
+
+scheduling = Row(
+    "Scheduling layer",
+    [
+        timeseries(
+            "Evidence: queue with idle GPUs (scheduling/queue_with_idle_gpu)",
+            "Waiting requests (rule: at least 5, not shrinking) against the SM activity of the "
+            "engine's GPUs (rule: under 50 %) and its KV-cache usage (rule: under 80 %).",
+            [
+                q(f"llmgpu_engine_requests_waiting{{{ENG}}}", "{{target}} waiting"),
+                q(
+                    f"avg by (target) (\n{on_engine_gpus('llmgpu_gpu_sm_active_ratio')}\n)",
+                    "{{target}} SM active (avg)",
+                ),
+                q(f"llmgpu_engine_kv_cache_usage_ratio{{{ENG}}}", "{{target}} KV usage"),
+            ],
+        ),
+        timeseries(
+            "Evidence: API server CPU (scheduling/api_server_cpu_bound)",
+            "CPU of the engine's API server, one core = 1 (rule: 90 %).",
+            [q(f'llmgpu_engine_process_cpu_ratio{{{ENG}, role="api_server"}}', "{{target}}")],
+            threshold=0.9,
+        ),
+        timeseries(
+            "Evidence: admission rejections (scheduling/admission_rejections)",
+            "Requests refused at admission per second (rule: 0.1 per second).",
+            [q(rate("llmgpu_engine_rejected_requests_total", ENG, by="target"), "{{target}}")],
+            unit="reqps",
+            threshold=0.1,
+        ),
+    ],
+)
+
+parallel = Row(
+    "Parallel layer",
+    [
+        timeseries(
+            "Evidence: SM imbalance in a tensor-parallel group (parallel/sm_imbalance)",
+            "Spread of SM activity between the busiest and the idlest GPU of each engine (rule: "
+            "25 points, with the busiest above 40 %).",
+            [
+                q(
+                    f"max by (target) (\n{on_engine_gpus('llmgpu_gpu_sm_active_ratio')}\n)\n-\n"
+                    f"min by (target) (\n{on_engine_gpus('llmgpu_gpu_sm_active_ratio')}\n)",
+                    "{{target}} spread",
+                    scenarios=("healthy", "nvlink-imbalance"),
+                ),
+                q(
+                    f"max by (target) (\n{on_engine_gpus('llmgpu_gpu_sm_active_ratio')}\n)",
+                    "{{target}} busiest",
+                ),
+            ],
+            unit="percentunit",
+            min_=0,
+            max_=1,
+            threshold=0.25,
+        ),
+        timeseries(
+            "Evidence: NVLink load (parallel/nvlink_saturated, parallel/tp_over_pcie)",
+            "NVLink bytes sent per second over the capacity of the GPU's active links (25 GB/s "
+            "each; rule: 80 %). A tensor-parallel engine with no active link runs over PCIe.",
+            [
+                q(
+                    divide(
+                        f"llmgpu_gpu_nvlink_tx_bytes_per_second{{{GPU}}}",
+                        f"25e9 * sum without (link) (llmgpu_gpu_nvlink_up{{{GPU}}})",
+                    ),
+                    "GPU {{gpu}}",
+                    scenarios=("healthy", "nvlink-imbalance"),
+                ),
+            ],
+            unit="percentunit",
+            min_=0,
+            threshold=0.8,
+        ),
+    ],
+)
+
+decoding = Row(
+    "Decoding layer",
+    [
+        timeseries(
+            "Evidence: speculative-decoding acceptance (decoding/low_spec_acceptance)",
+            "Accepted over proposed draft tokens (rule: under 50 %).",
+            [
+                q(
+                    f"llmgpu_engine_spec_decode_acceptance_ratio{{{ENG}}}",
+                    "{{target}}",
+                    scenarios=("decode-memory-bound",),
+                )
+            ],
+            unit="percentunit",
+            min_=0,
+            max_=1,
+            threshold=0.5,
+        ),
+        timeseries(
+            "Evidence: inter-token latency jitter (decoding/itl_jitter)",
+            "Inter-token latency p99 over p50 in the last minute (rule: 5).",
+            [
+                q(
+                    f'llmgpu_engine_inter_token_latency_quantile_seconds{{{ENG}, {Q1M}, quantile="0.99"}}\n'
+                    "/ ignoring (quantile)\n"
+                    "(\n"
+                    f'  llmgpu_engine_inter_token_latency_quantile_seconds{{{ENG}, {Q1M}, quantile="0.5"}}\n'
+                    ") > 0",
+                    "{{target}} {{model}}",
+                )
+            ],
+            threshold=5,
+        ),
+    ],
+)
+
+capacity = Row(
+    "Capacity",
+    [
+        timeseries(
+            "Evidence: SM saturation (capacity/sm_saturation)",
+            "SM active per GPU (rule: above 95 % for 3 minutes; the LlmGpuSmSaturated alert "
+            "uses the same level).",
+            [
+                q(
+                    f"llmgpu_gpu_sm_active_ratio{{{GPU}}}",
+                    "GPU {{gpu}}",
+                    scenarios=("healthy", "sm-saturation"),
+                )
+            ],
+            unit="percentunit",
+            min_=0,
+            max_=1,
+            threshold=0.95,
+        ),
+        timeseries(
+            "Evidence: throughput knee (capacity/throughput_knee)",
+            "Offered requests per second, generated tokens per second and p99 time to first "
+            "token: past the knee tokens/s stops rising with load while p99 jumps.",
+            [
+                q(f"llmgpu_engine_request_rate_per_second{{{ENG}}}", "{{target}} requests/s"),
+                q(f"llmgpu_engine_generation_tokens_per_second{{{ENG}}}", "{{target}} tokens/s"),
+                q(
+                    f'llmgpu_engine_time_to_first_token_quantile_seconds{{{ENG}, {Q1M}, quantile="0.99"}}',
+                    "{{target}} TTFT p99",
+                ),
+            ],
+            right_axis={"TTFT": "s", "tokens/s": "short"},
+        ),
+    ],
+)
+
+dashboard = make_dashboard(
+    title="LLM GPU / Diagnosis",
+    uid="llmgpu-diagnosis",
+    description="Bottleneck findings per layer over time, the OOM-risk score, and the series each "
+    "diagnosis rule reads, with the rule's threshold drawn in.",
+    variables=[cluster_var(), node_var(), custom_var("layer", "Layer", LAYERS), gpu_var()],
+    rows=[findings, oom, hardware, kernel, scheduling, parallel, decoding, capacity],
+)
