@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from exporter.collectors.base import Context, Output, register
 from exporter.config import ConfigError, Settings
@@ -16,7 +16,12 @@ class EnginesCollector:
 
     name = "engines"
 
-    def __init__(self, ctx: Context, extra: Iterable[Target] = ()) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        extra: Iterable[Target] = (),
+        discover: Sequence[Discoverer] | None = None,  # None: from the settings
+    ) -> None:
         s = ctx.settings
         self.interval_s = s.engine_interval
         self.scraper = EngineScraper(
@@ -27,7 +32,7 @@ class EnginesCollector:
                 max_series=s.engine_max_series,
             ),
             static=[*targets_from_settings(s), *extra],
-            discoverers=discoverers(s),
+            discoverers=discoverers(s) if discover is None else discover,
             clock=ctx.clock,
         )
         self._reported: dict[str, int] = {}
