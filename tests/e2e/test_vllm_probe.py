@@ -11,7 +11,7 @@ from pathlib import Path
 
 from vllm_server import VllmServer
 
-from exporter.probe.plugin import LOG_NO_CUDA, LOG_STARTED
+from exporter.probe.plugin import LOG_NO_CUDA, LOG_STARTED, LOG_STOPPED
 from exporter.probe.reader import ProbeScan, scan_probe_dir
 from exporter.probe.schema import ProbeReport, ProbeState
 
@@ -90,4 +90,6 @@ def test_vllm_serves_as_before(vllm_server: VllmServer) -> None:
     vllm_server.ensure_running()
     result = vllm_server.load(6, streaming=3)
     assert [c.completion_tokens for c in result.completions] == [40] * 6
-    assert "Traceback" not in vllm_server.log_text()
+    log = vllm_server.log_text()
+    assert LOG_STOPPED not in log
+    assert "Failed to load plugin llm_gpu_exporter_probe" not in log

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 from vllm_server import VllmServer
@@ -22,13 +24,25 @@ def test_completions_plain_and_streaming(vllm_server: VllmServer) -> None:
     assert plain.text == streamed.text  # greedy decoding of the same prompt
 
 
+def generation_tokens(text: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:generation_tokens_total{")
+    )
+
+
 def test_metrics_page_has_engine_series(vllm_server: VllmServer) -> None:
+    before = generation_tokens(vllm_server.metrics())
     vllm_server.load(4, streaming=2)
+    deadline = time.monotonic() + 15
     text = vllm_server.metrics()
+    while generation_tokens(text) < before + 4 * 40 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        text = vllm_server.metrics()
     assert "vllm:num_requests_running" in text
     assert 'model_name="tiny"' in text
-    generated = [line for line in text.splitlines() if line.startswith("vllm:generation_tokens_total{")]
-    assert generated and float(generated[0].rsplit(" ", 1)[1]) >= 4 * 40
+    assert generation_tokens(text) >= before + 4 * 40
 
 
 def test_kill_and_restart_on_the_same_port(vllm_server: VllmServer) -> None:
