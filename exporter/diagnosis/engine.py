@@ -280,7 +280,7 @@ class Diagnoser:
             kind="engine",
             key=e.target,
             title=e.name or e.target,
-            subtitle=e.target,
+            subtitle=f"{e.kind or 'engine'} · {e.model or 'model unknown'} · {e.target}",
             up=e.up,
             numbers=tuple(n for n in numbers if n.value is not None),
             trends=tuple(

@@ -50,6 +50,11 @@ PEAK_FLOPS: tuple[tuple[str, float], ...] = (
 )
 
 
+def short_target(target: str) -> str:
+    """http://10.0.0.5:8000/metrics -> 10.0.0.5:8000"""
+    return target.removeprefix("http://").removeprefix("https://").removesuffix("/metrics")
+
+
 def peak_flops(name: str) -> float | None:
     for key, value in PEAK_FLOPS:
         if key in name:
@@ -137,7 +142,7 @@ class EngineFrame:
     """One engine scrape target, its series summed (data-parallel ranks, models)."""
 
     target: str
-    name: str = ""  # what a person calls it: the engine kind and its model
+    name: str = ""  # what a person calls it: its model and where it listens
     model: str = ""
     kind: str = ""
     up: bool = True
@@ -284,10 +289,11 @@ def _engine(t: EngineTargetReading, gpus: tuple[int, ...], uuids: tuple[str, ...
     api = [p.cpu_ratio for p in t.processes if p.role == "api_server" and p.cpu_ratio is not None]
     model = ", ".join(t.models)
     kind = t.kind or (first.engine if first else "")
+    short = ", ".join(m.rsplit("/", 1)[-1] for m in t.models) or kind or "engine"
     numa = getattr(t, "cpu_numa_nodes", None)
     return EngineFrame(
         target=t.target,
-        name=f"{kind} {model}".strip() or t.target,
+        name=f"{short} @ {short_target(t.target)}",
         model=model,
         kind=kind,
         up=t.up,
