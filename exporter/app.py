@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 
 from exporter import collectors
 from exporter.collectors.base import Context
-from exporter.config import Settings
+from exporter.config import Settings, replace
 from exporter.nvml import Nvml, NvmlUnavailable
 from exporter.runner import Enricher, Runner
 from exporter.sim import fakenvml
+from exporter.sim.engines import start_sim_engines
 from exporter.sim.scenario import Scenario, Timeline, load_builtin, load_file
 from exporter.snapshot import Snapshot
 
@@ -89,8 +90,14 @@ def build(settings: Settings, *, scenario_clock: Callable[[], float] | None = No
         if timeline is not None:
             fakenvml.uninstall()
         raise
-    ctx = Context(settings=settings, nvml=nvml, clock=clock)
     exporter = Exporter(runner=None, nvml=nvml, timeline=timeline)  # type: ignore[arg-type]
+    if timeline is not None and timeline.scenario.engines:
+        # The scenario's engines serve vLLM-format /metrics on loopback; they are scraped
+        # like any static target, their simulated pids riding along in the target spec.
+        engines = start_sim_engines(timeline)
+        exporter.closers.extend(e.stop for e in engines)
+        settings = replace(settings, engines=(*settings.engines, *(e.target_spec for e in engines)))
+    ctx = Context(settings=settings, nvml=nvml, clock=clock)
     attribution: Callable[[str], dict[str, str]] | None = None
     if settings.kubelet_socket:
         from exporter.k8s.podresources import PodResourcesWatcher

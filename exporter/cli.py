@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per engine scrape is noise
     if settings.simulate and settings.simulate not in builtin_names():
         print(
             f"llm-gpu-exporter: unknown scenario {settings.simulate!r}; known: {', '.join(builtin_names())}",
@@ -196,8 +197,11 @@ def diagnose(settings: Settings, url: str | None, step: float) -> int:
                 last = exporter.runner.step().snapshot
             finally:
                 exporter.close()
-        assert last is not None
-        data = diagnosis_json(last)
+        found = diagnosis_json(last)
+        if found is None:
+            print("llm-gpu-exporter: no diagnosis was produced", file=sys.stderr)
+            return EXIT_USAGE
+        data = found
     print(render_text(data))
     return int(exit_code(data))
 
