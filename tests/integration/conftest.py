@@ -1,0 +1,422 @@
+"""Real Prometheus and Alertmanager around simulated exporters, all on loopback.
+
+`lab` starts, once per session, twelve exporters in simulation (accelerated 60x), one
+Prometheus that scrapes them every second with the shipped recording rules and the
+shipped alert rules (their `for:` shortened), one Alertmanager, and a webhook receiver
+in this process. Two clusters share the Prometheus, told apart by a target label the way
+relabelling would set it:
+
+- `fleet`: six nodes, four healthy, one saturated (sm-saturation), one leaking memory
+  (memory-leak): the fleet dashboard and recording rules must single out the last two;
+- `lab`: one node for each other scenario.
+
+Every wait is bounded; every process is killed when the session ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PROMETHEUS = shutil.which("prometheus")
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+PROMTOOL = shutil.which("promtool")
+RULE_FILES = sorted((ROOT / "alerts").glob("*.rules.yml"))
+SPEED = 60  # scenario seconds per wall second: a 10-minute scenario plays in 10 s
+JOB = "llm-gpu-exporter"
+
+# node name -> (cluster, scenario)
+FLEET = {
+    "node-1": "healthy",
+    "node-2": "healthy",
+    "node-3": "healthy",
+    "node-4": "healthy",
+    "node-5": "sm-saturation",
+    "node-6": "memory-leak",
+}
+LAB = {
+    "lab-decode": "decode-memory-bound",
+    "lab-kv": "kv-pressure",
+    "lab-thermal": "thermal-throttle",
+    "lab-nvlink": "nvlink-imbalance",
+    "lab-lost": "gpu-lost",
+    "lab-mig": "mig",
+}
+UNHEALTHY_FLEET_NODES = ("node-5", "node-6")
+
+T = TypeVar("T")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    missing = [n for n, p in (("prometheus", PROMETHEUS), ("alertmanager", ALERTMANAGER)) if p is None]
+    if not missing:
+        return
+    skip = pytest.mark.skip(reason=f"not installed: {', '.join(missing)} (tests/setup/system_deps.sh)")
+    for item in items:
+        if "integration" in item.keywords and "needs_no_servers" not in item.keywords:
+            item.add_marker(skip)
+
+
+# ---- small tools -----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.25) -> T:
+    """Call `check` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+        except (OSError, ValueError, KeyError) as err:  # not up yet
+            last_error = err
+            value = None
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"gave up after {timeout:.0f} s waiting for {what} (last error: {last_error})")
+
+
+def http_get(url: str, timeout: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return resp.read()
+
+
+@dataclass
+class Proc:
+    """A child process with its output in a log file; `stop` ends it and its children."""
+
+    name: str
+    args: list[str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Proc:
+        handle = self.log.open("wb")
+        self.popen = subprocess.Popen(
+            self.args, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+        )
+        handle.close()
+        return self
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(timeout=5)
+
+
+# ---- Prometheus HTTP API -------------------------------------------------------------------
+
+
+@dataclass
+class Prom:
+    url: str
+
+    def _api(self, path: str, **params: str | float) -> Any:
+        query = urllib.parse.urlencode({k: str(v) for k, v in params.items()})
+        try:
+            body = http_get(f"{self.url}/api/v1/{path}?{query}", timeout=20)
+        except urllib.error.HTTPError as err:
+            body = err.read()
+        data = json.loads(body)
+        if data.get("status") != "success":
+            raise PromQLError(f"{data.get('errorType')}: {data.get('error')}")
+        return data["data"]
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        params: dict[str, str | float] = {"query": expr}
+        if at is not None:
+            params["time"] = at
+        result = self._api("query", **params)["result"]
+        return result if isinstance(result, list) else [result]
+
+    def query_range(self, expr: str, start: float, end: float, step: float = 1.0) -> list[dict[str, Any]]:
+        return self._api("query_range", query=expr, start=start, end=end, step=step)["result"]
+
+    def label_values(self, label: str, match: str) -> list[str]:
+        return self._api(f"label/{label}/values", **{"match[]": match})
+
+    def targets_up(self) -> int:
+        return len(self.query(f'up{{job="{JOB}"}} == 1'))
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return self._api("alerts")["alerts"]
+
+    def rule_health(self) -> list[tuple[str, str, str]]:
+        """(rule name, health, last error) of every rule Prometheus evaluates."""
+        out = []
+        for group in self._api("rules")["groups"]:
+            for rule in group["rules"]:
+                out.append((rule["name"], rule["health"], rule.get("lastError", "")))
+        return out
+
+
+class PromQLError(Exception):
+    pass
+
+
+# ---- webhook receiver ----------------------------------------------------------------------
+
+
+class Webhook:
+    """Alertmanager's webhook receiver: keeps every notification it is sent."""
+
+    def __init__(self) -> None:
+        self.notifications: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                payload = json.loads(self.rfile.read(length) or b"{}")
+                with outer.lock:
+                    outer.notifications.append(payload)
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/page"
+        self.thread = threading.Thread(target=self.server.serve_forever, name="webhook", daemon=True)
+        self.thread.start()
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """Every alert of every notification, in arrival order."""
+        with self.lock:
+            return [a for n in self.notifications for a in n.get("alerts", [])]
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# ---- configuration files -------------------------------------------------------------------
+
+
+def shortened(rule_file: Path, out: Path, for_: str = "2s") -> Path:
+    """The rule file with every alert's `for:` cut to `for_` (the semantics of the shipped
+    durations are the unit tests' business; here the pipeline is)."""
+    data = yaml.safe_load(rule_file.read_text())
+    for group in data["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule and "for" in rule:
+                rule["for"] = for_
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def prometheus_config(
+    nodes: dict[str, tuple[str, str, int]], rules: list[Path], alertmanager: int | None
+) -> str:
+    config: dict[str, Any] = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
+        "rule_files": [str(p) for p in rules],
+        "scrape_configs": [
+            {
+                "job_name": JOB,
+                "static_configs": [
+                    {
+                        "targets": [f"127.0.0.1:{port}"],
+                        # what the Helm chart's relabelling sets: the cluster and node names
+                        "labels": {"cluster": cluster, "node": node, "scenario": scenario},
+                    }
+                    for node, (cluster, scenario, port) in nodes.items()
+                ],
+            }
+        ],
+    }
+    if alertmanager is not None:
+        config["alerting"] = {
+            "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager}"]}]}]
+        }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def alertmanager_config(webhook: str) -> str:
+    return yaml.safe_dump(
+        {
+            "route": {
+                "receiver": "page",
+                "group_by": ["alertname", "instance"],
+                "group_wait": "1s",
+                "group_interval": "1s",
+                "repeat_interval": "1h",
+            },
+            "receivers": [{"name": "page", "webhook_configs": [{"url": webhook, "send_resolved": False}]}],
+        },
+        sort_keys=False,
+    )
+
+
+# ---- the lab -------------------------------------------------------------------------------
+
+
+@dataclass
+class Lab:
+    prom: Prom
+    alertmanager_url: str
+    webhook: Webhook
+    nodes: dict[str, tuple[str, str, int]]  # node -> (cluster, scenario, port)
+    started: float  # wall clock when the exporters were up
+    procs: list[Proc] = field(default_factory=list)
+    rule_dir: Path | None = None
+
+    def instance(self, node: str) -> str:
+        return f"127.0.0.1:{self.nodes[node][2]}"
+
+    def node_of(self, scenario: str) -> str:
+        """The node that runs `scenario` (node-1 for healthy)."""
+        return next(n for n, (_, s, _) in self.nodes.items() if s == scenario)
+
+    def cluster_of(self, node: str) -> str:
+        return self.nodes[node][0]
+
+    def logs(self) -> str:
+        return "\n\n".join(f"--- {p.name} ---\n{p.tail()}" for p in self.procs if not p.alive())
+
+
+def _start_exporter(node: str, scenario: str, port: int, logs: Path) -> Proc:
+    args = [
+        sys.executable, "-m", "exporter.cli", "serve",
+        "--simulate", scenario,
+        "--speed", str(SPEED),
+        "--interval", "0.5",
+        "--listen", f"127.0.0.1:{port}",
+    ]  # fmt: skip
+    return Proc(f"exporter {node} ({scenario})", args, logs / f"exporter-{node}.log").start()
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    if PROMETHEUS is None or ALERTMANAGER is None:
+        pytest.skip("prometheus and prometheus-alertmanager are needed")
+    tmp = tmp_path_factory.mktemp("lab")
+    procs: list[Proc] = []
+    webhook = Webhook()
+    try:
+        nodes = {n: ("fleet", s, free_port()) for n, s in FLEET.items()}
+        nodes |= {n: ("lab", s, free_port()) for n, s in LAB.items()}
+        for node, (_, scenario, port) in nodes.items():
+            procs.append(_start_exporter(node, scenario, port, tmp))
+
+        am_port = free_port()
+        (tmp / "alertmanager.yml").write_text(alertmanager_config(webhook.url))
+        procs.append(
+            Proc(
+                "alertmanager",
+                [
+                    ALERTMANAGER,
+                    f"--config.file={tmp / 'alertmanager.yml'}",
+                    f"--storage.path={tmp / 'am-data'}",
+                    f"--web.listen-address=127.0.0.1:{am_port}",
+                    "--cluster.listen-address=",
+                    "--log.level=warn",
+                ],
+                tmp / "alertmanager.log",
+            ).start()
+        )
+
+        rules_dir = tmp / "rules"
+        rules_dir.mkdir()
+        rules = [shortened(p, rules_dir / p.name) for p in RULE_FILES]
+        prom_port = free_port()
+        (tmp / "prometheus.yml").write_text(prometheus_config(nodes, rules, am_port))
+        procs.append(
+            Proc(
+                "prometheus",
+                [
+                    PROMETHEUS,
+                    f"--config.file={tmp / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={tmp / 'prom-data'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                    "--log.level=warn",
+                ],
+                tmp / "prometheus.log",
+            ).start()
+        )
+
+        def exporters_up() -> bool:
+            for node, (_, _, port) in nodes.items():
+                if b"llmgpu_gpu_up" not in http_get(f"http://127.0.0.1:{port}/metrics"):
+                    raise ValueError(f"{node} not ready")
+            return True
+
+        wait_until(exporters_up, 60, "the exporters to serve /metrics")
+        started = time.time()
+        prom = Prom(f"http://127.0.0.1:{prom_port}")
+        wait_until(lambda: http_get(f"{prom.url}/-/ready"), 30, "Prometheus to be ready")
+        wait_until(lambda: http_get(f"http://127.0.0.1:{am_port}/-/ready"), 30, "Alertmanager to be ready")
+        wait_until(lambda: prom.targets_up() == len(nodes), 30, "Prometheus to scrape every exporter")
+        lab = Lab(prom, f"http://127.0.0.1:{am_port}", webhook, nodes, started, procs, rules_dir)
+        yield lab
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        webhook.stop()
+
+
+def expand(expr: str, values: dict[str, str]) -> str:
+    """A dashboard query with its Grafana variables filled in as Grafana would."""
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in values:
+            raise KeyError(f"no value for ${name} in {expr!r}")
+        return values[name]
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", one, expr)
+
+
+def scenario_end_s(name: str) -> float:
+    """Wall seconds until a scenario's last phase has begun, at SPEED."""
+    from exporter.sim.scenario import load_builtin
+
+    return load_builtin(name).duration / SPEED
