@@ -90,7 +90,7 @@ def gpu_engine_risk(
                 f"only {value_text(free, 'bytes')} free ({value_text(free / total, 'ratio')} of "
                 f"{value_text(total, 'bytes')}), margin {value_text(th.oom_free_margin_ratio, 'ratio')}"
             )
-        budgets = [x.gpu_memory_utilization for x in sharers if x.gpu_memory_utilization is not None]
+        budgets = [b for b in (_budget(history, x) for x in sharers) if b is not None]
         over = False
         if budgets:
             budget = min(1.0, sum(budgets)) * total
@@ -167,6 +167,14 @@ def gpu_engine_risk(
         reasons=tuple(reasons),
         time_to_full_seconds=None if ttf is None else round(ttf, 1),
     )
+
+
+def _budget(history: History, e: EngineFrame) -> float | None:
+    """The engine's gpu_memory_utilization; the last one it reported while it is down."""
+    if e.gpu_memory_utilization is not None:
+        return e.gpu_memory_utilization
+    known = history.engine_series(e.target, lambda x: x.gpu_memory_utilization)
+    return known[-1][1] if known else None
 
 
 def _alloc_getter(pid: int, name: str) -> Callable[[GpuFrame], float | None]:
