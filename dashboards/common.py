@@ -20,6 +20,11 @@ TAG = "llm-gpu-exporter"
 # Scenarios of exporter/sim/scenarios. HEALTHY is the default expectation: a panel that
 # shows the normal state of a node must have data on a healthy node.
 HEALTHY = ("healthy",)
+# Queries no scenario can feed, so the live tests skip them (and list them): the allocator
+# probe runs inside a real engine (tests/e2e exercises it), and no scenario injects NVLink
+# errors or runs speculative decoding.
+PROBE_ONLY: tuple[str, ...] = ()
+NOT_SIMULATED: tuple[str, ...] = ()
 
 # Label selectors, filled from the dashboard variables.
 CLUSTER = 'cluster=~"$cluster"'

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dashboards.common import (
     GPU,
     NODE,
+    NOT_SIMULATED,
     ON_GPU,
+    PROBE_ONLY,
     Row,
     cluster_var,
     custom_var,
@@ -167,12 +169,12 @@ oom = Row(
                 q(
                     f"llmgpu_allocator_largest_free_block_bytes{{{GPU}}}",
                     "GPU {{gpu}} pid {{pid}} largest block",
-                    scenarios=("memory-leak",),
+                    scenarios=PROBE_ONLY,
                 ),
                 q(
                     f"llmgpu_allocator_fragmentation_ratio{{{GPU}}}",
                     "GPU {{gpu}} pid {{pid}} fragmentation",
-                    scenarios=("memory-leak",),
+                    scenarios=PROBE_ONLY,
                 ),
             ],
         ),
@@ -189,7 +191,7 @@ oom = Row(
                 q(
                     f"sum by (gpu) (increase(llmgpu_allocator_ooms_total{{{GPU}}}[$__rate_interval]))",
                     "GPU {{gpu}} allocator OOMs",
-                    scenarios=("memory-leak",),
+                    scenarios=PROBE_ONLY,
                 ),
             ],
             bars=True,
@@ -392,7 +394,7 @@ decoding = Row(
                 q(
                     f"llmgpu_engine_spec_decode_acceptance_ratio{{{ENG}}}",
                     "{{target}}",
-                    scenarios=("decode-memory-bound",),
+                    scenarios=NOT_SIMULATED,
                 )
             ],
             unit="percentunit",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dashboards.common import (
     NODE,
+    NOT_SIMULATED,
     ON_GPU,
     Row,
     cluster_var,
@@ -291,12 +292,12 @@ cache = Row(
                         rate("llmgpu_engine_spec_decode_draft_tokens_total", E, by="model"),
                     ),
                     "{{model}}",
-                    scenarios=("decode-memory-bound",),
+                    scenarios=NOT_SIMULATED,
                 ),
                 q(
                     f"llmgpu_engine_spec_decode_acceptance_ratio{{{E}}}",
                     "{{model}} {{target}} (1 m)",
-                    scenarios=("decode-memory-bound",),
+                    scenarios=NOT_SIMULATED,
                 ),
             ],
             unit="percentunit",

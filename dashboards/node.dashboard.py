@@ -5,7 +5,9 @@ from __future__ import annotations
 from dashboards.common import (
     GPU,
     NODE,
+    NOT_SIMULATED,
     ON_GPU,
+    PROBE_ONLY,
     Row,
     cluster_var,
     divide,
@@ -194,17 +196,17 @@ memory = Row(
                 q(
                     f"llmgpu_allocator_reserved_bytes{{{GPU}}}",
                     "GPU {{gpu}} pid {{pid}} reserved",
-                    scenarios=("memory-leak",),
+                    scenarios=PROBE_ONLY,
                 ),
                 q(
                     f"llmgpu_allocator_allocated_bytes{{{GPU}}}",
                     "GPU {{gpu}} pid {{pid}} allocated",
-                    scenarios=("memory-leak",),
+                    scenarios=PROBE_ONLY,
                 ),
                 q(
                     f"llmgpu_allocator_largest_free_block_bytes{{{GPU}}}",
                     "GPU {{gpu}} pid {{pid}} largest free block",
-                    scenarios=("memory-leak",),
+                    scenarios=PROBE_ONLY,
                 ),
             ],
             unit="bytes",
@@ -217,17 +219,17 @@ memory = Row(
                 q(
                     f"llmgpu_allocator_fragmentation_ratio{{{GPU}}}",
                     "GPU {{gpu}} pid {{pid}} fragmentation",
-                    scenarios=("memory-leak",),
+                    scenarios=PROBE_ONLY,
                 ),
                 q(
                     f"rate(llmgpu_allocator_alloc_retries_total{{{GPU}}}[$__rate_interval])",
                     "GPU {{gpu}} pid {{pid}} retries/s",
-                    scenarios=("memory-leak",),
+                    scenarios=PROBE_ONLY,
                 ),
                 q(
                     f"rate(llmgpu_allocator_ooms_total{{{GPU}}}[$__rate_interval])",
                     "GPU {{gpu}} pid {{pid}} OOMs/s",
-                    scenarios=("memory-leak",),
+                    scenarios=PROBE_ONLY,
                 ),
             ],
         ),
@@ -348,7 +350,7 @@ interconnect = Row(
                     "sum by (gpu, link, type) (\n"
                     f"  rate(llmgpu_gpu_nvlink_errors_total{{{GPU}}}[$__rate_interval])\n) > 0",
                     "GPU {{gpu}} link {{link}} {{type}}",
-                    scenarios=("nvlink-imbalance",),
+                    scenarios=NOT_SIMULATED,
                 )
             ],
         ),

@@ -47,6 +47,9 @@ ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertman
 PROMTOOL = shutil.which("promtool")
 RULE_FILES = sorted((ROOT / "alerts").glob("*.rules.yml"))
 SPEED = 60  # scenario seconds per wall second: a 10-minute scenario plays in 10 s
+# The simulated XID event of gpu-lost is active for one scenario second, 17 ms of wall
+# time at 60x: shorter than the fake NVML event wait polls. At 10x it is caught.
+SPEEDS = {"gpu-lost": 10}
 JOB = "llm-gpu-exporter"
 
 # node name -> (cluster, scenario)
@@ -327,7 +330,7 @@ def _start_exporter(node: str, scenario: str, port: int, logs: Path) -> Proc:
     args = [
         sys.executable, "-m", "exporter.cli", "serve",
         "--simulate", scenario,
-        "--speed", str(SPEED),
+        "--speed", str(SPEEDS.get(scenario, SPEED)),
         "--interval", "0.5",
         "--listen", f"127.0.0.1:{port}",
     ]  # fmt: skip
@@ -419,4 +422,4 @@ def scenario_end_s(name: str) -> float:
     """Wall seconds until a scenario's last phase has begun, at SPEED."""
     from exporter.sim.scenario import load_builtin
 
-    return load_builtin(name).duration / SPEED
+    return load_builtin(name).duration / SPEEDS.get(name, SPEED)
