@@ -24,9 +24,7 @@ from exporter.collectors.xid import XidCollector
 from exporter.config import Settings
 from exporter.diagnosis.model import Diagnosis
 from exporter.diagnosis.rules import RULES_BY_ID
-from exporter.engines.readings import Engines
-from exporter.sim.engines import SimEngine, start_sim_engines
-from exporter.sim.scenario import Scenario, Timeline, builtin_names, load_builtin
+from exporter.sim.scenario import Scenario, builtin_names, load_builtin
 from exporter.snapshot import Snapshot
 
 STEP_S = 10.0
@@ -58,36 +56,23 @@ def sample_times(scenario: Scenario, step_s: float) -> list[float]:
     return sorted(times)
 
 
-def _snapshots(name: str, step_s: float, own_engines: bool) -> Iterator[Snapshot]:
+def snapshots(name: str, step_s: float) -> Iterator[Snapshot]:
+    """The scenario played to its end on a manual clock, one full cycle per sample time."""
     scenario = load_builtin(name)
     clock = app.ManualClock()
-    started: list[SimEngine] = []
-    specs: tuple[str, ...] = ()
-    if own_engines:
-        # the same scenario on the same clock: these servers tell the fake GPUs' story
-        started = start_sim_engines(Timeline(scenario, clock=clock))
-        specs = tuple(e.target_spec for e in started)
-    settings = Settings(simulate=name, engines=specs, collectors_disabled=("allocator",))
-    exporter = app.build(settings, scenario_clock=clock)
+    exporter = app.build(Settings(simulate=name, collectors_disabled=("allocator",)), scenario_clock=clock)
     try:
         for t in sample_times(scenario, step_s):
             clock.t = t
             yield exporter.runner.step().snapshot
     finally:
         exporter.close()
-        for e in started:
-            e.stop()
 
 
 def play(name: str, step_s: float = STEP_S) -> Played:
-    scenario = load_builtin(name)
-    own = True
-    first = next(_snapshots(name, step_s, own_engines=True), None)
-    if first is not None and len([t for e in first.all(Engines) for t in e.targets]) > len(scenario.engines):
-        own = False  # the exporter starts the simulated engines itself
     out = Played()
     start: float | None = None
-    for snap in _snapshots(name, step_s, own_engines=own):
+    for snap in snapshots(name, step_s):
         d = snap.get(Diagnosis)
         assert d is not None, "the Diagnoser did not run as an enricher"
         start = snap.taken_at if start is None else start
