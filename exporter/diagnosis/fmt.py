@@ -13,7 +13,9 @@ def value_text(value: float | str | None, unit: str) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return "∞" if value > 0 else "n/a"
     if unit == "ratio":
-        return f"{value * 100:.0f} %" if abs(value) >= 0.1 else f"{value * 100:.1f} %"
+        if value == 0 or abs(value) >= 0.1:
+            return f"{value * 100:.0f} %"
+        return f"{value * 100:.1f} %"
     if unit == "bytes":
         return _binary(value)
     if unit == "bytes_per_second":

@@ -13,6 +13,7 @@ from html import escape
 from typing import Any
 
 from exporter.diagnosis.fmt import duration, value_text
+from exporter.diagnosis.frame import short_target
 
 REFRESH_S = 10
 
@@ -61,7 +62,7 @@ border:1px solid var(--line);border-radius:4px}.spark .last{float:right;color:va
 .risk .who{width:260px;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
 .risk .bar{flex:1;height:10px;background:#eceff3;border-radius:5px;overflow:hidden;max-width:420px}
 .risk .bar i{display:block;height:100%}.risk .why{color:var(--mute);font-size:12px}
-details{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:8px 14px}
+details,.panel{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:8px 14px}
 table{border-collapse:collapse;width:100%;font-size:12.5px}td,th{text-align:left;padding:3px 8px;
 border-bottom:1px solid var(--line)}th{color:var(--mute);font-weight:600}
 footer{color:var(--mute);font-size:12px;padding:16px 24px}a{color:var(--info)}
@@ -205,22 +206,30 @@ def _risks(risks: Sequence[Mapping[str, Any]]) -> str:
     if not risks:
         return ""
     rows = []
-    for r in sorted(risks, key=lambda x: (-float(x.get("ratio", 0.0)), str(x.get("gpu")).zfill(4))):
+    ordered = sorted(risks, key=lambda x: (-float(x.get("ratio", 0.0)), str(x.get("gpu")).zfill(4)))
+    scored = [r for r in ordered if float(r.get("ratio", 0.0)) > 0]
+    for r in scored:
         ratio = float(r.get("ratio", 0.0))
         target = str(r.get("target") or "")
-        who = f"GPU {r.get('gpu')}" + (
-            f" / {target.removeprefix('http://').removesuffix('/metrics')}" if target else ""
-        )
-        why = "; ".join(str(x) for x in r.get("reasons", [])) or "no reason"
+        who = f"GPU {r.get('gpu')}" + (f" / {short_target(target)}" if target else "")
+        why = "; ".join(str(x) for x in r.get("reasons", []))
         rows.append(
             f"<div class='risk'><span class='who' title='{escape(target)}'>{escape(who)}</span>"
             f"<span class='bar'><i style='width:{max(ratio * 100, 1):.1f}%;"
             f"background:{_risk_color(ratio)}'></i></span>"
             f"<b>{escape(value_text(ratio, 'ratio'))}</b><span class='why'>{escape(why)}</span></div>"
         )
-    return (
-        "<h2>OOM risk</h2><details open><summary>per GPU and engine</summary>" + "".join(rows) + "</details>"
-    )
+    quiet = len(ordered) - len(scored)
+    if quiet:
+        gpus = sorted(
+            {str(r.get("gpu")) for r in ordered if float(r.get("ratio", 0.0)) == 0}, key=lambda g: g.zfill(4)
+        )
+        rows.append(
+            f"<div class='risk'><span class='why'>{quiet} GPU/engine pair(s) at 0 % "
+            f"(GPU {escape(', '.join(gpus))}): memory inside the engines' budgets, nothing growing"
+            "</span></div>"
+        )
+    return "<h2>OOM risk</h2><div class='panel'>" + "".join(rows) + "</div>"
 
 
 def _card(c: Mapping[str, Any], findings: Sequence[Mapping[str, Any]]) -> str:

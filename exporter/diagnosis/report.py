@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exporter.diagnosis.fmt import duration
+from exporter.diagnosis.frame import short_target
 
 WIDTH = 100
 SEVERITY_MARK = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}
@@ -64,12 +65,17 @@ def render_text(diagnosis_json: Mapping[str, Any], *, color: bool = False) -> st
         out.append("-" * WIDTH)
         out.append("OOM risk (0-100 %)")
         for r in risks:
-            who = f"GPU {r.get('gpu')}" + (f" / {_short_target(str(r['target']))}" if r.get("target") else "")
+            if float(r.get("ratio", 0.0)) <= 0:
+                continue
+            who = f"GPU {r.get('gpu')}" + (f" / {short_target(str(r['target']))}" if r.get("target") else "")
             pct = float(r.get("ratio", 0.0)) * 100
             bar = "#" * round(pct / 5)
             out.append(f"  {who:<40} {pct:5.1f} % {bar}")
             for reason in r.get("reasons", []):
                 out.append(f"  {'':<40}   - {reason}")
+        quiet = sum(1 for r in risks if float(r.get("ratio", 0.0)) <= 0)
+        if quiet:
+            out.append(f"  {quiet} GPU/engine pair(s) at 0 %")
 
     gpus: Sequence[Mapping[str, Any]] = d.get("gpus", [])
     if gpus:
@@ -122,10 +128,6 @@ def _findings_by(findings: Sequence[Mapping[str, Any]], key: str) -> dict[str, s
         if value:
             out.setdefault(value, set()).add(str(f.get("id")))
     return out
-
-
-def _short_target(target: str) -> str:
-    return target.removeprefix("http://").removesuffix("/metrics")
 
 
 def _when(taken_at: object) -> str:
