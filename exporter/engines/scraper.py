@@ -168,8 +168,10 @@ class EngineScraper:
         started = time.perf_counter()
         norm: Normalized | None = None
         error: ScrapeError | None = None
+        now = self.clock()
         try:
             body = await fetch(client, target.url, limits)
+            now = self.clock()  # the page's instant: before parsing, which takes a while
             families = await asyncio.to_thread(parse, body, limits.max_series)
             del body
             norm = normalize(families, state.kind)
@@ -180,7 +182,8 @@ class EngineScraper:
         except Exception as err:  # never let one target kill its task
             error = ScrapeError("connection", f"{type(err).__name__}: {err}")
         duration = time.perf_counter() - started
-        now = self.clock()
+        if error is not None:
+            now = self.clock()
         await asyncio.to_thread(self._refresh_tree, state)
         self._publish(state, norm, error, duration, now)
 

@@ -136,8 +136,11 @@ def test_discovered_engine_is_scraped_with_its_pids_and_cpu_by_role(
     assert proc.pid in t.pids and len(t.pids) == 3
     cpu = {p.role: p.cpu_ratio for p in t.processes}
     assert set(cpu) == {"api_server", "engine_core", "worker"}
-    assert cpu["api_server"] is not None and cpu["api_server"] > 0.5, "the spinning thread holds a core"
-    assert cpu["worker"] is not None and cpu["worker"] < 0.2
+    # the API server spins a thread, the worker sleeps (how much of a core the spinner gets
+    # depends on what else the machine runs)
+    api, worker = cpu["api_server"], cpu["worker"]
+    assert api is not None and worker is not None
+    assert api > 0.05 and api > 5 * worker, cpu
 
 
 def test_a_configured_localhost_target_finds_its_processes_by_port(
