@@ -548,12 +548,12 @@ def itl_jitter(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
         p50, p99 = e.itl_p50_seconds, e.itl_p99_seconds
         if not p50 or p99 is None or not e.running:
             continue
-        if p99 / p50 < th.itl_jitter_ratio:
+        if p99 / p50 < th.itl_jitter_factor:
             continue
         yield Candidate(
             engine_subject(e),
             (
-                Evidence("inter-token latency p99 / p50", p99 / p50, "", f">= {th.itl_jitter_ratio:g}"),
+                Evidence("inter-token latency p99 / p50", p99 / p50, "", f">= {th.itl_jitter_factor:g}"),
                 Evidence("p50", p50, "seconds"),
                 Evidence("p99", p99, "seconds"),
             ),
@@ -627,7 +627,7 @@ def throughput_knee(frame: Frame, history: History, th: Th) -> Iterator[Candidat
         if knee is None:
             continue
         knee_rate, knee_tps, base_lat = knee
-        if now_rate < knee_rate or now_lat < th.knee_latency_jump_ratio * base_lat:
+        if now_rate < knee_rate or now_lat < th.knee_latency_jump_factor * base_lat:
             continue
         yield Candidate(
             engine_subject(e),
@@ -638,7 +638,7 @@ def throughput_knee(frame: Frame, history: History, th: Th) -> Iterator[Candidat
                 Evidence("generated tokens/s now", e.generation_tokens_per_second, "per_second"),
                 Evidence("p99 latency at low load", base_lat, "seconds"),
                 Evidence(
-                    "p99 latency now", now_lat, "seconds", f">= {th.knee_latency_jump_ratio:g}x low load"
+                    "p99 latency now", now_lat, "seconds", f">= {th.knee_latency_jump_factor:g}x low load"
                 ),
             ),
             f"{e.name} is past its knee: {now_rate:.1f} req/s offered, throughput flat since "
@@ -685,7 +685,7 @@ RULES: tuple[Rule, ...] = (
         xid_fatal,
         lambda t: 0.0,
         "Fatal XID error",
-        "an XID in xid_fatal (48, 64, 74, 79, 92, 94, 95) seen in the last xid_window_s",
+        "an XID listed in xid_fatal seen in the last xid_window_s",
         "Drain the GPU and reset it (`nvidia-smi -r`); a repeat means an RMA.",
         clear=lambda t: 0.0,
     ),
@@ -816,7 +816,7 @@ RULES: tuple[Rule, ...] = (
         xid_memory_fault,
         lambda t: 0.0,
         "Memory fault in an application (XID 31/43)",
-        "an XID in xid_memory (31, 43) seen in the last xid_window_s",
+        "an XID listed in xid_memory seen in the last xid_window_s",
         "Read the engine's log around the XID: an OOM or an illegal address "
         "killed the CUDA context; restart it.",
         clear=lambda t: 0.0,
@@ -914,7 +914,7 @@ RULES: tuple[Rule, ...] = (
         itl_jitter,
         lambda t: t.itl_hold_s,
         "Token stream stutters",
-        "inter-token latency p99 / p50 >= itl_jitter_ratio with requests running",
+        "inter-token latency p99 / p50 >= itl_jitter_factor with requests running",
         "Enable chunked prefill (smaller max_num_batched_tokens) and check for preemptions and host stalls.",
     ),
     _rule(
@@ -935,7 +935,7 @@ RULES: tuple[Rule, ...] = (
         lambda t: t.knee_hold_s,
         "Past the throughput knee",
         "offered load at or past the rate where tokens/s stopped rising (history) while p99 TTFT >= "
-        "knee_latency_jump_ratio x its low-load value",
+        "knee_latency_jump_factor x its low-load value",
         "Cap the load per replica at the knee rate (autoscaling target) and add replicas beyond it.",
     ),
 )

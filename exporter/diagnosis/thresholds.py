@@ -29,7 +29,8 @@ class Thresholds:
     # tokens/s it bought at low load ...
     knee_slope_drop_ratio: float = 0.25
     # ... while the p99 time to first token at least doubles against low load.
-    knee_latency_jump_ratio: float = 2.0
+    knee_latency_jump_factor: float = 2.0
+    # The knee is read from minutes of history already; one more minute confirms it.
     knee_hold_s: float = 60.0
 
     # ---- hardware ---------------------------------------------------------------------
@@ -66,6 +67,7 @@ class Thresholds:
     ecc_window_s: float = 600.0
     # A GPU that stopped answering NVML for 15 s is not a transient timeout.
     gpu_lost_hold_s: float = 15.0
+    # A placement does not change by itself; a minute rules out a process being moved.
     numa_hold_s: float = 60.0
 
     # ---- kernel -----------------------------------------------------------------------
@@ -81,7 +83,8 @@ class Thresholds:
     mbu_min_ratio: float = 0.2
     mfu_busy_util_min_ratio: float = 0.8
     mfu_hold_s: float = 180.0
-    # Counters need a span to turn into rates.
+    # Counters turn into rates over a minute of snapshots (the engines' own derived
+    # rates use the same window).
     rate_window_s: float = 60.0
 
     # ---- memory -----------------------------------------------------------------------
@@ -101,21 +104,26 @@ class Thresholds:
     oom_trend_window_s: float = 300.0
     oom_trend_min_span_s: float = 60.0
     oom_time_to_full_horizon_s: float = 1800.0
-    # Weights of the reasons (combined as 1 - prod(1 - w)): a flat low headroom and
-    # several processes alone stay below the finding; two reasons together cross it.
+    # Weights of the reasons, combined as 1 - prod(1 - w). Low headroom, KV pressure and
+    # GPU sharing stay below the finding alone and in pairs, all three together cross it;
+    # fragmentation crosses it with any other reason.
     oom_low_headroom_weight: float = 0.3
     oom_kv_weight: float = 0.4
     oom_fragmentation_weight: float = 0.5
     oom_shared_weight: float = 0.3
-    # The probe's `ooms_total` rising means an OOM already happened: risk 1.
-    # A block the allocator can hand out must fit an activation buffer of a full batch;
-    # 512 MiB covers an 8k-token batch of a 70B model's MLP intermediate in bf16.
+    # Fragmentation (allocator probe): the largest free block must fit an activation
+    # buffer of a full batch; 512 MiB covers an 8k-token batch of a 70B model's MLP
+    # intermediate in bf16. It counts when at least half the free memory is unusable
+    # for it. An allocator OOM already counted (`ooms_total` rising) scores 1.
     oom_typical_request_bytes: int = 512 * 1024 * 1024
     oom_fragmentation_min_ratio: float = 0.5
+
+    # The finding fires at 0.6: usage well beyond the budget, free memory heading for
+    # zero within about 13 minutes, or weaker reasons adding up. It clears after two minutes
+    # below, since memory freed by a restart needs a moment to show in NVML.
     oom_finding_ratio: float = 0.6
     oom_hold_s: float = 60.0
     oom_clear_s: float = 120.0
-    # XID 31/43 are events; they show for xid_window_s like the fatal ones.
 
     # ---- scheduling -------------------------------------------------------------------
     # At least 5 waiting requests, not shrinking over a minute, while SMs are less than
@@ -144,6 +152,7 @@ class Thresholds:
     nvlink_link_bytes_per_second: float = 25e9
     nvlink_saturation_ratio: float = 0.8
     nvlink_hold_s: float = 120.0
+    # Tensor parallel without NVLink is a configuration; a minute confirms the group.
     tp_pcie_hold_s: float = 60.0
 
     # ---- decoding ---------------------------------------------------------------------
@@ -153,14 +162,15 @@ class Thresholds:
     spec_hold_s: float = 180.0
     # Inter-token latency p99 five times its median: streams stutter (preemption,
     # prefill interleaving, host stalls) even when the average looks fine.
-    itl_jitter_ratio: float = 5.0
+    itl_jitter_factor: float = 5.0
     itl_hold_s: float = 120.0
 
     # ---- output -----------------------------------------------------------------------
     # Default clear time for rules without their own: a finding stays a minute after its
     # condition went away, so a slowly oscillating signal reads as one episode.
     clear_s: float = 60.0
-    trend_points: int = 90  # samples per trend chart on the page
+    # Points per trend chart on the page: 90 over the 15-minute history, 10 s each.
+    trend_points: int = 90
 
 
 DEFAULT = Thresholds()

@@ -129,3 +129,9 @@ def test_routes_before_and_after_the_first_snapshot() -> None:
 def test_diagnosis_reading_exports_nothing_itself() -> None:
     snap = Snapshot(taken_at=1.0).with_node((Diagnosis(taken_at=1.0),))
     assert "llmgpu_diagnosis" not in render(snap).text.decode()
+
+
+def test_docs_generated_blocks_are_current() -> None:
+    from exporter.diagnosis.docs import main
+
+    assert main(["--check"]) == 0, "run: python -m exporter.diagnosis.docs"
