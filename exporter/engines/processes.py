@@ -9,6 +9,7 @@ server, one scheduler per tensor-parallel rank. TGI: a launcher that starts the 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -107,6 +108,59 @@ def tree(pid: int) -> dict[int, str | None]:
     except (psutil.Error, OSError):
         return {}
     return {p.pid: role_of(p, pid) for p in members}
+
+
+def parse_cpulist(text: str) -> set[int]:
+    """CPUs of a sysfs list such as ``0-15,32-47``."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def cpu_nodes(sys_root: str = "/sys/devices/system/node") -> dict[int, int]:
+    """CPU -> NUMA node, from sysfs; empty where the kernel shows no NUMA topology."""
+    out: dict[int, int] = {}
+    try:
+        entries = os.listdir(sys_root)
+    except OSError:
+        return out
+    for entry in entries:
+        if not (entry.startswith("node") and entry[4:].isdigit()):
+            continue
+        try:
+            with open(os.path.join(sys_root, entry, "cpulist")) as f:
+                cpus = parse_cpulist(f.read())
+        except (OSError, ValueError):
+            continue
+        out.update(dict.fromkeys(cpus, int(entry[4:])))
+    return out
+
+
+def numa_nodes(
+    roles: Mapping[int, str | None], nodes: Mapping[int, int] | None = None
+) -> tuple[int, ...] | None:
+    """NUMA nodes of the CPUs the engine's GPU-driving processes may run on.
+
+    Workers and engine cores drive the GPUs; without them, every process with a role.
+    None when no process could be read or the node map is unknown.
+    """
+    nodes = cpu_nodes() if nodes is None else nodes
+    if not nodes:
+        return None
+    chosen = [p for p, r in roles.items() if r in ("worker", "engine_core")]
+    chosen = chosen or [p for p, r in roles.items() if r is not None]
+    found: set[int] = set()
+    for pid in chosen:
+        try:
+            cpus = psutil.Process(pid).cpu_affinity() or []
+        except (psutil.Error, OSError, AttributeError):
+            continue
+        found.update(nodes[c] for c in cpus if c in nodes)
+    return tuple(sorted(found)) or None
 
 
 def alive(pid: int) -> bool:

@@ -276,6 +276,7 @@ class EngineTargetReading:
     kind: str | None = None  # vllm, sglang, tgi; None while unknown
     source: str = "static"  # static, process, kubernetes
     pids: frozenset[int] = field(default_factory=frozenset)  # the engine's process tree
+    cpu_numa_nodes: tuple[int, ...] | None = None  # NUMA nodes its GPU-driving CPUs are on
     last_error: str | None = None
     scraped_at: float | None = None  # Context.clock of the last good scrape
 

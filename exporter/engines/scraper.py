@@ -65,6 +65,7 @@ class _State:
     series_count: int | None = None
     tree: dict[int, str | None] = field(default_factory=dict)
     tree_at: float = -1e18  # monotonic time of the last tree read
+    numa: tuple[int, ...] | None = None  # NUMA nodes of the engine's CPUs
     cpu: processes.CpuSampler = field(default_factory=processes.CpuSampler)
     api_cpu_last: tuple[float, float] | None = None  # (clock, process_cpu_seconds_total)
     missing_since: float | None = None  # monotonic, for discovered targets
@@ -190,7 +191,7 @@ class EngineScraper:
     def _refresh_tree(self, state: _State) -> None:
         """Find the engine's processes: given pids, the discovered root, or the port owner."""
         target = state.target
-        if target.pids:
+        if target.pids:  # known pids (the simulator's): nothing to inspect
             state.tree = dict.fromkeys(target.pids)
             return
         mono = time.monotonic()
@@ -206,6 +207,7 @@ class EngineScraper:
             port = _port(target.url)
             pid = processes.listener_of(port) if port else None
         state.tree = processes.tree(pid) if pid else {}
+        state.numa = processes.numa_nodes(state.tree) if state.tree else None
 
     def _process_cpu(self, state: _State, norm: Normalized | None, now: float) -> dict[str, float]:
         """CPU ratio by role: psutil where the processes are visible; otherwise (remote
@@ -256,6 +258,7 @@ class EngineScraper:
             kind=state.kind,
             source=state.target.source,
             pids=frozenset(state.tree),
+            cpu_numa_nodes=state.numa,
             last_error=str(error) if error else None,
             scraped_at=now if error is None else (state.reading.scraped_at if state.reading else None),
         )

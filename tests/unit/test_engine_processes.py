@@ -194,3 +194,41 @@ def test_cpu_sampler_ignores_processes_without_a_role_and_dead_pids() -> None:
     ratio = sampler.sample({me: "api_server"}, 3.0)["api_server"]
     assert 0.1 < ratio < 2.0
     assert psutil.pid_exists(me)
+
+
+def test_cpulist_and_the_numa_map_from_sysfs(tmp_path: Path) -> None:
+    assert processes.parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert processes.parse_cpulist("") == set()
+    for node, cpus in (("node0", "0-1"), ("node1", "2-3")):
+        (tmp_path / node).mkdir()
+        (tmp_path / node / "cpulist").write_text(cpus + "\n")
+    (tmp_path / "online").write_text("0-1\n")  # not a node directory
+    assert processes.cpu_nodes(str(tmp_path)) == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert processes.cpu_nodes(str(tmp_path / "missing")) == {}
+
+
+def test_numa_nodes_of_the_gpu_driving_processes() -> None:
+    me = os.getpid()
+    allowed = sorted(psutil.Process(me).cpu_affinity() or [])
+    # pretend every CPU we may run on is on node 1, the others on node 0
+    nodes = {cpu: 1 if cpu in allowed else 0 for cpu in range(max(allowed) + 2)}
+    assert processes.numa_nodes({me: "worker", 1: "api_server"}, nodes) == (1,)
+    assert processes.numa_nodes({me: "api_server"}, nodes) == (1,)  # no worker: any role
+    assert processes.numa_nodes({me: None}, nodes) is None
+    assert processes.numa_nodes({4_000_000: "worker"}, nodes) is None  # not a real process
+    assert processes.numa_nodes({me: "worker"}, {}) is None  # no NUMA topology known
+
+
+def test_the_target_reading_carries_the_engines_numa_nodes(
+    fake_vllm: tuple[subprocess.Popen[bytes], int],
+) -> None:
+    proc, port = fake_vllm
+    scraper = EngineScraper(ScrapeConfig(), [Target(url=f"http://127.0.0.1:{port}/metrics")])
+    scraper.refresh()
+    (t,) = scraper.readings().targets
+    if not processes.cpu_nodes():
+        assert t.cpu_numa_nodes is None
+        return
+    affinity = set(psutil.Process(proc.pid).cpu_affinity() or [])
+    nodes = processes.cpu_nodes()
+    assert t.cpu_numa_nodes == tuple(sorted({nodes[c] for c in affinity if c in nodes}))
