@@ -145,12 +145,13 @@ def scenario_table() -> str:
 
 
 def matrix() -> str:
-    """Scenario x rule: which scenario exercises which rule."""
+    """Rule -> the scenarios that must produce it."""
     names = builtin_names()
     scenarios = {n: set(load_builtin(n).expect_findings) for n in names}
-    rows = ["| rule | " + " | ".join(f"`{n}`" for n in names) + " |", "|---|" + "---|" * len(names)]
+    rows = ["| rule | layer | scenarios that must produce it |", "|---|---|---|"]
     for r in RULES:
-        rows.append(f"| `{r.id}` | " + " | ".join("●" if r.id in scenarios[n] else "" for n in names) + " |")
+        which = ", ".join(f"`{n}`" for n in names if r.id in scenarios[n]) or "(unit tests only)"
+        rows.append(f"| `{r.id}` | {r.layer} | {which} |")
     return "\n".join(rows)
 
 
