@@ -82,7 +82,7 @@ overview = Row(
             w=4,
         ),
         stat(
-            "KV-cache usage",
+            "Fullest KV cache",
             "Fullest KV cache among the selected engines.",
             [q(f"max(llmgpu_engine_kv_cache_usage_ratio{{{E}}})")],
             unit="percentunit",

@@ -69,7 +69,7 @@ overview = Row(
             graph=True,
         ),
         stat(
-            "Nodes at OOM risk",
+            "OOM-risk nodes",
             "Nodes with a GPU whose diagnosis OOM-risk score is at or above 0.6, the level at "
             "which LlmGpuOomRiskHigh pages.",
             [q(f"count(instance:llmgpu_diagnosis_oom_risk_ratio:max{{{C}}} >= 0.6) or vector(0)")],
@@ -80,10 +80,10 @@ overview = Row(
 )
 
 nodes = Row(
-    "Nodes",
+    "Per node",
     [
         table(
-            "Nodes",
+            "Node summary",
             "One row per node: average and busiest SM activity, NVML utilization, memory in use, "
             "power, generated tokens/s, findings and the highest OOM-risk score.",
             [
@@ -103,7 +103,8 @@ nodes = Row(
             w=24,
             h=8,
             rename={
-                "instance": "Node",
+                "node": "Node",
+                "instance": "Target",
                 "Value #A": "SM active (avg)",
                 "Value #B": "SM active (busiest GPU)",
                 "Value #C": "Utilization (avg)",
@@ -118,7 +119,7 @@ nodes = Row(
 )
 
 states = Row(
-    "GPUs by state",
+    "GPU states",
     [
         bargauge(
             "GPUs by state",
@@ -142,14 +143,15 @@ states = Row(
             "Per node, the GPUs that are lost, throttled or saturated.",
             [
                 q(
-                    f"sum by (instance, state) (instance_state:llmgpu_gpus:count{{{C}, {NOT_SERVING}}})",
+                    f"sum by (cluster, node, instance, state) (\n"
+                    f"  instance_state:llmgpu_gpus:count{{{C}, {NOT_SERVING}}}\n)",
                     instant=True,
                     fmt="table",
                     scenarios=("sm-saturation", "thermal-throttle", "gpu-lost"),
                 )
             ],
             w=8,
-            rename={"instance": "Node", "state": "State", "Value": "GPUs"},
+            rename={"node": "Node", "instance": "Target", "state": "State", "Value": "GPUs"},
         ),
     ],
 )
@@ -202,7 +204,7 @@ risk = Row(
                 )
             ],
             w=12,
-            rename={"instance": "Node", "layer": "Layer", "Value": "Findings"},
+            rename={"node": "Node", "instance": "Target", "layer": "Layer", "Value": "Findings"},
         ),
         table(
             "Nodes at OOM risk",
@@ -226,7 +228,8 @@ risk = Row(
             w=12,
             unit="percentunit",
             rename={
-                "instance": "Node",
+                "node": "Node",
+                "instance": "Target",
                 "Value #A": "OOM-risk score",
                 "Value #B": "Free memory (fullest GPU)",
             },

@@ -97,7 +97,7 @@ def wait_until(check: Callable[[], T | None], timeout: float, what: str, interva
     """Call `check` until it returns something truthy; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
-    while time.monotonic() < deadline:
+    while True:
         try:
             value = check()
         except (OSError, ValueError, KeyError) as err:  # not up yet
@@ -105,6 +105,8 @@ def wait_until(check: Callable[[], T | None], timeout: float, what: str, interva
             value = None
         if value:
             return value
+        if time.monotonic() >= deadline:
+            break
         time.sleep(interval)
     raise TimeoutError(f"gave up after {timeout:.0f} s waiting for {what} (last error: {last_error})")
 
@@ -237,8 +239,9 @@ class Webhook:
             return [a for n in self.notifications for a in n.get("alerts", [])]
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        if self.thread.is_alive():
+            self.server.shutdown()
+            self.server.server_close()
 
 
 # ---- configuration files -------------------------------------------------------------------
@@ -325,6 +328,26 @@ class Lab:
     def logs(self) -> str:
         return "\n\n".join(f"--- {p.name} ---\n{p.tail()}" for p in self.procs if not p.alive())
 
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+        self.webhook.stop()
+
+
+_OPEN: list[Lab] = []
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the lab after the last test that uses it: twelve exporters are not left running
+    (on two cores) through the tests that come after."""
+    if not _OPEN:
+        return
+    items = item.session.items
+    later = items[items.index(item) + 1 :] if item in items else []
+    if not any("lab" in getattr(i, "fixturenames", ()) for i in later):
+        while _OPEN:
+            _OPEN.pop().close()
+
 
 def _start_exporter(node: str, scenario: str, port: int, logs: Path) -> Proc:
     args = [
@@ -344,6 +367,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     tmp = tmp_path_factory.mktemp("lab")
     procs: list[Proc] = []
     webhook = Webhook()
+    lab: Lab | None = None
     try:
         nodes = {n: ("fleet", s, free_port()) for n, s in FLEET.items()}
         nodes |= {n: ("lab", s, free_port()) for n, s in LAB.items()}
@@ -399,8 +423,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         wait_until(lambda: http_get(f"http://127.0.0.1:{am_port}/-/ready"), 30, "Alertmanager to be ready")
         wait_until(lambda: prom.targets_up() == len(nodes), 30, "Prometheus to scrape every exporter")
         lab = Lab(prom, f"http://127.0.0.1:{am_port}", webhook, nodes, started, procs, rules_dir)
+        _OPEN.append(lab)
         yield lab
     finally:
+        if lab is not None and lab in _OPEN:
+            _OPEN.remove(lab)
         for proc in reversed(procs):
             proc.stop()
         webhook.stop()

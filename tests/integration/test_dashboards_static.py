@@ -154,6 +154,12 @@ def test_panels_use_the_datasource_variable_and_stable_ids(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(UIDS))
+def test_panel_titles_unique(name: str) -> None:
+    titles = [p.title for p in BOARDS[name]._iter_panels() if p.title]
+    assert len(titles) == len(set(titles)), sorted(t for t in titles if titles.count(t) > 1)
+
+
+@pytest.mark.parametrize("name", sorted(UIDS))
 def test_required_panels(name: str) -> None:
     titles = {title for title, _ in queries(BOARDS[name])}
     missing = [t for t in REQUIRED[name] if t not in titles]
