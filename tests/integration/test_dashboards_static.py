@@ -105,6 +105,7 @@ def test_check_fails_on_stale_json(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     (tmp_path / src.name).write_text(src.read_text())
     (tmp_path / "fleet.json").write_text("{}\n")
     monkeypatch.setattr(generate, "HERE", tmp_path)
+    monkeypatch.setattr(generate, "DOC", tmp_path / "dashboards.md")  # keep the real doc out
     assert generate.main(["--check"]) == 1
     assert generate.main([]) == 0  # regenerates
     assert generate.main(["--check"]) == 0
