@@ -157,3 +157,25 @@ def test_each_scenario_fires_its_alerts(lab: Lab) -> None:
         if a["labels"].get("node") == "lab-decode" and a["labels"]["severity"] == "critical"
     ]
     assert critical == []
+
+
+def test_rules_read_series_the_exporters_expose(lab: Lab) -> None:
+    """Every metric a rule reads, and the label values rules match on, exist in the scrapes."""
+    from dashboards.common import metric_names
+
+    names: set[str] = set()
+    for path in sorted((ROOT / "alerts").glob("*.rules.yml")):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            names |= {n for r in group["rules"] for n in metric_names(r["expr"]) if n.startswith("llmgpu_")}
+    selectors = [
+        *sorted(names),
+        'llmgpu_engine_requests_total{finish_reason="error"}',
+        'llmgpu_engine_time_to_first_token_seconds_bucket{le="0.1"}',
+        'llmgpu_engine_time_to_first_token_seconds_bucket{le="0.25"}',
+        'llmgpu_gpu_clock_event_seconds_total{reason="hw_thermal"}',
+        'llmgpu_gpu_clock_event_active{reason="sw_thermal"}',
+        'llmgpu_gpu_xid_errors_total{xid="79"}',
+    ]
+    time.sleep(max(0.0, lab.started + 22 - time.time()))  # every scenario has played
+    missing = [s for s in selectors if not lab.prom.query(f"count({s})")]
+    assert missing == []
