@@ -299,7 +299,7 @@ def bargauge(
     unit: str = "short",
     w: int = 8,
     h: int = 8,
-    max_: float = 1,
+    max_: float | None = None,
     steps: Sequence[tuple[str, float | None]] = (("green", None),),
 ) -> Sized:
     panel = g.BarGauge(

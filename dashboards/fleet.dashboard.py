@@ -127,7 +127,6 @@ states = Row(
             "throttled (thermal or power-brake clock events), saturated (SM active above 95 %), "
             "idle (no kernel in 95 % of the period), serving.",
             [q(f"sum by (state) (cluster_state:llmgpu_gpus:count{{{C}}})", "{{state}}", instant=True)],
-            max_=8,
             w=8,
             steps=(("blue", None),),
         ),

@@ -164,3 +164,29 @@ def test_every_recording_rule_is_used() -> None:
         used |= set(metric_names(rule["expr"]))
     unused = [r["record"] for r in RECORDING_RULES if r["record"] not in used]
     assert unused == []
+
+
+def test_runbooks_name_panels_that_exist() -> None:
+    """'*Dashboard* -> *Panel*' in a runbook names a panel of that dashboard (or the start of
+    its title, for the evidence panels whose titles end with the rule ids)."""
+    from dashboards import generate
+
+    names = {"fleet": "Fleet", "node": "Node & GPU", "engine": "Engine", "diagnosis": "Diagnosis"}
+    titles = {
+        names[path.name.removesuffix(".dashboard.py")]: [p.title for p in board._iter_panels()]
+        for path, board in generate.boards().items()
+    }
+    text = RUNBOOKS.read_text()
+    checked, wrong = 0, []
+    end = r"(?=\n- |\n\n|;|\. [A-Z]|\*[^*\n]+\* →)"
+    for match in re.finditer(r"\*([^*]+)\* → (.*?)" + end, text, re.S):
+        board = match.group(1)
+        if board not in titles:
+            continue
+        for ref in re.findall(r"\*([^*]+)\*", match.group(2)):
+            ref = " ".join(ref.split())
+            checked += 1
+            if not any(t == ref or t.startswith(ref + " (") for t in titles[board]):
+                wrong.append(f"{board} → {ref}")
+    assert wrong == []
+    assert checked >= 40
