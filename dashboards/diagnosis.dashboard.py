@@ -254,9 +254,29 @@ hardware = Row(
             "Evidence: PCIe replays (hardware/pcie_replays)",
             "PCIe replays per minute (rule: 8 per minute over 5 minutes).",
             [q(f"60 * rate(llmgpu_gpu_pcie_replays_total{{{GPU}}}[5m])", "GPU {{gpu}}")],
+            w=8,
+        ),
+        table(
+            "Evidence: GPU NUMA nodes (hardware/numa_mismatch)",
+            "The NUMA node and PCI address of each GPU. The rule compares it with the NUMA "
+            "nodes of the CPUs the engine's processes may run on, which the exporter's "
+            "diagnosis page shows beside the finding.",
+            [q(f"llmgpu_gpu_info{{{GPU}}}", instant=True, fmt="table")],
+            hide=(
+                "Time",
+                "__name__",
+                "job",
+                "cluster",
+                "Value",
+                "cuda_version",
+                "driver_version",
+                "persistence_mode",
+                "mig_mode",
+            ),
+            w=4,
         ),
         timeseries(
-            "Evidence: GPU errors (hardware/gpu_lost, xid_fatal, ecc_uncorrectable)",
+            "Evidence: GPU errors (hardware/gpu_lost, hardware/xid_fatal, hardware/ecc_uncorrectable)",
             "GPUs not answering NVML, fatal XIDs and uncorrectable ECC errors in each interval.",
             [
                 q(f"1 - llmgpu_gpu_up{{{GPU}}}", "GPU {{gpu}} not answering"),

@@ -1,6 +1,6 @@
 """Real Prometheus and Alertmanager around simulated exporters, all on loopback.
 
-`lab` starts, once per session, twelve exporters in simulation (accelerated 60x), one
+`lab` starts, once per session, thirteen exporters in simulation (accelerated 60x), one
 Prometheus that scrapes them every second with the shipped recording rules and the
 shipped alert rules (their `for:` shortened), one Alertmanager, and a webhook receiver
 in this process. Two clusters share the Prometheus, told apart by a target label the way
@@ -8,7 +8,7 @@ relabelling would set it:
 
 - `fleet`: six nodes, four healthy, one saturated (sm-saturation), one leaking memory
   (memory-leak): the fleet dashboard and recording rules must single out the last two;
-- `lab`: one node for each other scenario.
+- `lab`: one node for each other scenario, and one healthy node a test stops.
 
 Every wait is bounded; every process is killed when the session ends.
 """
@@ -68,6 +68,7 @@ LAB = {
     "lab-nvlink": "nvlink-imbalance",
     "lab-lost": "gpu-lost",
     "lab-mig": "mig",
+    "lab-doomed": "healthy",  # stopped by a test: LlmGpuExporterDown must page
 }
 UNHEALTHY_FLEET_NODES = ("node-5", "node-6")
 
@@ -313,6 +314,7 @@ class Lab:
     nodes: dict[str, tuple[str, str, int]]  # node -> (cluster, scenario, port)
     started: float  # wall clock when the exporters were up
     procs: list[Proc] = field(default_factory=list)
+    exporters: dict[str, Proc] = field(default_factory=dict)
     rule_dir: Path | None = None
 
     def instance(self, node: str) -> str:
@@ -371,8 +373,10 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     try:
         nodes = {n: ("fleet", s, free_port()) for n, s in FLEET.items()}
         nodes |= {n: ("lab", s, free_port()) for n, s in LAB.items()}
+        exporters = {}
         for node, (_, scenario, port) in nodes.items():
-            procs.append(_start_exporter(node, scenario, port, tmp))
+            exporters[node] = _start_exporter(node, scenario, port, tmp)
+            procs.append(exporters[node])
 
         am_port = free_port()
         (tmp / "alertmanager.yml").write_text(alertmanager_config(webhook.url))
@@ -422,7 +426,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         wait_until(lambda: http_get(f"{prom.url}/-/ready"), 30, "Prometheus to be ready")
         wait_until(lambda: http_get(f"http://127.0.0.1:{am_port}/-/ready"), 30, "Alertmanager to be ready")
         wait_until(lambda: prom.targets_up() == len(nodes), 30, "Prometheus to scrape every exporter")
-        lab = Lab(prom, f"http://127.0.0.1:{am_port}", webhook, nodes, started, procs, rules_dir)
+        lab = Lab(prom, f"http://127.0.0.1:{am_port}", webhook, nodes, started, procs, exporters, rules_dir)
         _OPEN.append(lab)
         yield lab
     finally:

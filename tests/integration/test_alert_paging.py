@@ -179,3 +179,28 @@ def test_rules_read_series_the_exporters_expose(lab: Lab) -> None:
     time.sleep(max(0.0, lab.started + 22 - time.time()))  # every scenario has played
     missing = [s for s in selectors if not lab.prom.query(f"count({s})")]
     assert missing == []
+
+
+def test_exporter_down_pages(lab: Lab) -> None:
+    """Stop one exporter: Prometheus' `up` goes to 0 and LlmGpuExporterDown pages."""
+    lab.exporters["lab-doomed"].stop()
+    try:
+        alert = wait_until(
+            lambda: next(
+                (
+                    a
+                    for a in lab.webhook.alerts()
+                    if a["labels"]["alertname"] == "LlmGpuExporterDown"
+                    and a["labels"].get("node") == "lab-doomed"
+                ),
+                None,
+            ),
+            30,
+            "LlmGpuExporterDown from lab-doomed",
+        )
+    except TimeoutError:
+        raise AssertionError(f"Prometheus alerts: {[a['labels'] for a in lab.prom.alerts()]}") from None
+    instance = lab.instance("lab-doomed")
+    assert alert["labels"]["severity"] == "critical"
+    assert alert["labels"]["job"] == "llm-gpu-exporter" and alert["labels"]["instance"] == instance
+    check_annotations(alert, "LlmGpuExporterDown", instance)

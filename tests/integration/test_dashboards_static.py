@@ -167,6 +167,15 @@ def test_required_panels(name: str) -> None:
     assert missing == []
 
 
+def test_every_diagnosis_rule_has_its_evidence() -> None:
+    """Each rule of the diagnosis is named on the Diagnosis dashboard, beside its series."""
+    from exporter.diagnosis.rules import RULES
+
+    text = " ".join(f"{p.title} {p.description or ''}" for p in BOARDS["diagnosis"]._iter_panels())
+    missing = [rule.id for rule in RULES if rule.id not in text]
+    assert missing == []
+
+
 def test_query_scenarios_exist() -> None:
     known = set(builtin_names())
     for board in BOARDS.values():

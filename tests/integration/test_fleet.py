@@ -120,3 +120,18 @@ def test_every_rule_evaluates_cleanly(fleet: Lab) -> None:
     """No recording or alert rule errors on the real series (many-to-many joins, bad types)."""
     bad = [(name, err) for name, health, err in fleet.prom.rule_health() if health != "ok"]
     assert bad == []
+
+
+def test_every_recording_rule_has_data(fleet: Lab) -> None:
+    import yaml
+    from conftest import RULE_FILES
+
+    records = [
+        r["record"]
+        for path in RULE_FILES
+        for g in yaml.safe_load(path.read_text())["groups"]
+        for r in g["rules"]
+        if "record" in r
+    ]
+    empty = [name for name in records if not fleet.prom.query(name)]
+    assert empty == []
