@@ -14,6 +14,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     InfoMetricFamily,
     Metric,
+    SummaryMetricFamily,
 )
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
@@ -59,6 +60,8 @@ def _family(m: MetricDef) -> Metric:
         return InfoMetricFamily(m.name.removesuffix("_info"), m.help)
     if m.kind == "histogram":
         return HistogramMetricFamily(m.name, m.help)
+    if m.kind == "summary":
+        return SummaryMetricFamily(m.name, m.help)
     return GaugeMetricFamily(m.name, m.help)
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Kind = Literal["gauge", "counter", "info", "histogram"]
+Kind = Literal["gauge", "counter", "info", "histogram", "summary"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,12 @@ def info(name: str, help: str) -> Any:
 
 def histogram(name: str, help: str) -> Any:
     return field(default=None, metadata={"metric": MetricDef(name, "histogram", help)})
+
+
+def summary(name: str, help: str, *, label: str | None = None) -> Any:
+    """Precomputed quantiles: labels include `quantile`, so the family must be a summary
+    (promtool rejects that label on a gauge). No _sum or _count."""
+    return field(default=None, metadata={"metric": MetricDef(name, "summary", help, label)})
 
 
 def label(default: Any = dataclasses.MISSING) -> Any:

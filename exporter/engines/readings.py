@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from exporter import metricdef
-from exporter.metricdef import Histogram, counter, gauge, histogram, info, label, nested
+from exporter.metricdef import Histogram, counter, gauge, histogram, info, label, nested, summary
 
 ENGINE_KINDS = ("vllm", "sglang", "tgi")
 ROLES = ("api_server", "engine_core", "worker")
@@ -28,10 +27,6 @@ SCRAPE_ERRORS = (
     "unknown_engine",  # valid exposition, but no vLLM / SGLang / TGI metric in it
     "connection",  # the connection broke mid-answer (reset, protocol error)
 )
-# Quantile series are a summary's samples: a `quantile` label on a gauge fails
-# `promtool check metrics`. metricdef.summary (a core addition) renders them with
-# `# TYPE ... summary`; until it exists they are declared as gauges.
-_quantile_metric = getattr(metricdef, "summary", gauge)
 QUANTILES = (0.5, 0.95, 0.99)
 WINDOWS = (("1m", 60.0), ("5m", 300.0))
 RATE_WINDOW_S = 60.0  # window of the derived per-second rates and ratios
@@ -41,12 +36,12 @@ RATE_WINDOW_S = 60.0  # window of the derived per-second rates and ratios
 class LatencyQuantile:
     window: str = label()
     quantile: str = label()
-    ttft_seconds: float | None = _quantile_metric(
+    ttft_seconds: float | None = summary(
         "llmgpu_engine_time_to_first_token_quantile_seconds",
         "Time-to-first-token quantile over the window, interpolated in the engine's histogram "
         "buckets (vllm:time_to_first_token_seconds, sglang:time_to_first_token_seconds)",
     )
-    itl_seconds: float | None = _quantile_metric(
+    itl_seconds: float | None = summary(
         "llmgpu_engine_inter_token_latency_quantile_seconds",
         "Inter-token latency quantile over the window, interpolated in the engine's histogram "
         "buckets (vllm:inter_token_latency_seconds, sglang:inter_token_latency_seconds, "

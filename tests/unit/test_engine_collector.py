@@ -56,23 +56,13 @@ NAMES = {
 
 
 def promtool_complaints(text: str) -> list[str]:
-    """What `promtool check metrics` says about an exposition, one line per complaint.
-
-    Until metricdef has a summary kind, the quantile series are gauges with a `quantile`
-    label, which promtool flags; that one known complaint is left out (docs/engines.md).
-    """
-    from exporter import metricdef
-
+    """What `promtool check metrics` says about an exposition, one line per complaint."""
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.fail("promtool is not installed (Debian package prometheus)")
     lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
                           text=True, timeout=60)
-    lines = [ln for ln in (lint.stdout + lint.stderr).splitlines() if ln.strip()]
-    if not hasattr(metricdef, "summary"):
-        known = '_quantile_seconds non-summary metrics should not have "quantile" label'
-        lines = [ln for ln in lines if known not in ln]
-    return lines
+    return [ln for ln in (lint.stdout + lint.stderr).splitlines() if ln.strip()]
 
 
 class PageServer:
