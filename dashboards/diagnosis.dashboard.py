@@ -5,7 +5,6 @@ from __future__ import annotations
 from dashboards.common import (
     GPU,
     NODE,
-    NOT_SIMULATED,
     ON_GPU,
     PROBE_ONLY,
     Row,
@@ -72,7 +71,7 @@ findings = Row(
                     f"llmgpu_diagnosis_finding{{{F}}} == 1",
                     instant=True,
                     fmt="table",
-                    scenarios=("sm-saturation", "kv-pressure"),
+                    scenarios=("sm-saturation", "kv-pressure", "power-capped", "small-batches"),
                 )
             ],
             hide=("Time", "__name__", "job", "cluster", "Value"),
@@ -94,7 +93,7 @@ findings = Row(
                 q(
                     f"sum by (layer, rule) (llmgpu_diagnosis_finding{{{F}}}) > 0",
                     "{{rule}}",
-                    scenarios=("sm-saturation", "kv-pressure"),
+                    scenarios=("sm-saturation", "kv-pressure", "fp32-fallback", "scheduler-bound"),
                 )
             ],
             stack=True,
@@ -109,7 +108,7 @@ findings = Row(
                     f"llmgpu_diagnosis_finding{{{F}}}\nand\n"
                     f"(max_over_time(llmgpu_diagnosis_finding{{{F}}}[$__range]) == 1)",
                     "{{rule}} gpu={{gpu}} target={{target}}",
-                    scenarios=("sm-saturation", "kv-pressure"),
+                    scenarios=("sm-saturation", "kv-pressure", "spec-decode", "oom-crash"),
                 )
             ],
         ),
@@ -187,6 +186,7 @@ oom = Row(
                     "sum by (gpu, xid) (\n"
                     f'  increase(llmgpu_gpu_xid_errors_total{{{GPU}, xid=~"31|43"}}[$__rate_interval])\n)',
                     "GPU {{gpu}} XID {{xid}}",
+                    scenarios=("healthy", "oom-crash"),
                 ),
                 q(
                     f"sum by (gpu) (increase(llmgpu_allocator_ooms_total{{{GPU}}}[$__rate_interval]))",
@@ -211,8 +211,16 @@ hardware = Row(
             "Evidence: busy but idle SMs (hardware/busy_idle_sms)",
             "NVML utilization (rule: at least 80 %) against SM active (rule: under 30 %).",
             [
-                q(f"llmgpu_gpu_utilization_ratio{{{GPU}}}", "GPU {{gpu}} utilization"),
-                q(f"llmgpu_gpu_sm_active_ratio{{{GPU}}}", "GPU {{gpu}} SM active"),
+                q(
+                    f"llmgpu_gpu_utilization_ratio{{{GPU}}}",
+                    "GPU {{gpu}} utilization",
+                    scenarios=("healthy", "small-batches"),
+                ),
+                q(
+                    f"llmgpu_gpu_sm_active_ratio{{{GPU}}}",
+                    "GPU {{gpu}} SM active",
+                    scenarios=("healthy", "small-batches"),
+                ),
             ],
             unit="percentunit",
             min_=0,
@@ -241,7 +249,7 @@ hardware = Row(
                 q(
                     f"llmgpu_gpu_clock_event_active{{{GPU}, {THROTTLE}}} == 1",
                     "GPU {{gpu}} {{reason}}",
-                    scenarios=("thermal-throttle",),
+                    scenarios=("thermal-throttle", "power-capped"),
                 ),
                 q(
                     divide(f"llmgpu_gpu_sm_clock_hertz{{{GPU}}}", f"llmgpu_gpu_sm_clock_max_hertz{{{GPU}}}"),
@@ -253,7 +261,13 @@ hardware = Row(
         timeseries(
             "Evidence: PCIe replays (hardware/pcie_replays)",
             "PCIe replays per minute (rule: 8 per minute over 5 minutes).",
-            [q(f"60 * rate(llmgpu_gpu_pcie_replays_total{{{GPU}}}[5m])", "GPU {{gpu}}")],
+            [
+                q(
+                    f"60 * rate(llmgpu_gpu_pcie_replays_total{{{GPU}}}[5m])",
+                    "GPU {{gpu}}",
+                    scenarios=("healthy", "pcie-tensor-parallel"),
+                )
+            ],
             w=8,
         ),
         table(
@@ -287,8 +301,9 @@ hardware = Row(
                     scenarios=("gpu-lost",),
                 ),
                 q(
-                    f"increase(llmgpu_gpu_ecc_uncorrected_errors_total{{{GPU}}}[$__rate_interval])",
+                    f"increase(llmgpu_gpu_ecc_uncorrected_errors_total{{{GPU}}}[$__rate_interval]) > 0",
                     "GPU {{gpu}} uncorrected ECC",
+                    scenarios=("ecc-errors",),
                 ),
             ],
             w=24,
@@ -304,8 +319,16 @@ kernel = Row(
             "Evidence: tensor cores idle while SMs busy (kernel/low_tensor_activity)",
             "SM active (rule: above 50 %) against tensor active (rule: under 10 %).",
             [
-                q(f"llmgpu_gpu_sm_active_ratio{{{GPU}}}", "GPU {{gpu}} SM active"),
-                q(f"llmgpu_gpu_tensor_active_ratio{{{GPU}}}", "GPU {{gpu}} tensor active"),
+                q(
+                    f"llmgpu_gpu_sm_active_ratio{{{GPU}}}",
+                    "GPU {{gpu}} SM active",
+                    scenarios=("healthy", "fp32-fallback"),
+                ),
+                q(
+                    f"llmgpu_gpu_tensor_active_ratio{{{GPU}}}",
+                    "GPU {{gpu}} tensor active",
+                    scenarios=("healthy", "fp32-fallback"),
+                ),
             ],
             unit="percentunit",
             min_=0,
@@ -346,13 +369,25 @@ scheduling = Row(
         timeseries(
             "Evidence: API server CPU (scheduling/api_server_cpu_bound)",
             "CPU of the engine's API server, one core = 1 (rule: 90 %).",
-            [q(f'llmgpu_engine_process_cpu_ratio{{{ENG}, role="api_server"}}', "{{target}}")],
+            [
+                q(
+                    f'llmgpu_engine_process_cpu_ratio{{{ENG}, role="api_server"}}',
+                    "{{target}}",
+                    scenarios=("healthy", "scheduler-bound"),
+                )
+            ],
             threshold=0.9,
         ),
         timeseries(
             "Evidence: admission rejections (scheduling/admission_rejections)",
             "Requests refused at admission per second (rule: 0.1 per second).",
-            [q(rate("llmgpu_engine_rejected_requests_total", ENG, by="target"), "{{target}}")],
+            [
+                q(
+                    rate("llmgpu_engine_rejected_requests_total", ENG, by="target"),
+                    "{{target}}",
+                    scenarios=("healthy", "scheduler-bound"),
+                )
+            ],
             unit="reqps",
             threshold=0.1,
         ),
@@ -414,7 +449,7 @@ decoding = Row(
                 q(
                     f"llmgpu_engine_spec_decode_acceptance_ratio{{{ENG}}}",
                     "{{target}}",
-                    scenarios=NOT_SIMULATED,
+                    scenarios=("spec-decode",),
                 )
             ],
             unit="percentunit",

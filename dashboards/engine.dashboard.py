@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dashboards.common import (
     NODE,
-    NOT_SIMULATED,
     ON_GPU,
     Row,
     cluster_var,
@@ -219,7 +218,7 @@ throughput = Row(
                 q(
                     f"sum by (model, reason) (llmgpu_engine_requests_waiting_by_reason{{{E}}}) > 0",
                     "{{model}} waiting: {{reason}}",
-                    scenarios=("kv-pressure",),
+                    scenarios=("kv-pressure", "scheduler-bound"),
                 ),
             ],
         ),
@@ -292,12 +291,12 @@ cache = Row(
                         rate("llmgpu_engine_spec_decode_draft_tokens_total", E, by="model"),
                     ),
                     "{{model}}",
-                    scenarios=NOT_SIMULATED,
+                    scenarios=("spec-decode",),
                 ),
                 q(
                     f"llmgpu_engine_spec_decode_acceptance_ratio{{{E}}}",
                     "{{model}} {{target}} (1 m)",
-                    scenarios=NOT_SIMULATED,
+                    scenarios=("spec-decode",),
                 ),
             ],
             unit="percentunit",

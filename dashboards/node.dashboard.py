@@ -99,7 +99,11 @@ compute = Row(
             [
                 q(f"llmgpu_gpu_sm_occupancy_ratio{{{GPU}}}", "GPU {{gpu}} occupancy"),
                 q(f"llmgpu_gpu_fp16_active_ratio{{{GPU}}}", "GPU {{gpu}} FP16"),
-                q(f"llmgpu_gpu_fp32_active_ratio{{{GPU}}}", "GPU {{gpu}} FP32"),
+                q(
+                    f"llmgpu_gpu_fp32_active_ratio{{{GPU}}}",
+                    "GPU {{gpu}} FP32",
+                    scenarios=("healthy", "fp32-fallback"),
+                ),
                 q(f"llmgpu_gpu_fp64_active_ratio{{{GPU}}}", "GPU {{gpu}} FP64"),
             ],
             unit="percentunit",
@@ -263,7 +267,7 @@ clocks = Row(
                 q(
                     f"llmgpu_gpu_clock_event_active{{{GPU}}} == 1",
                     "GPU {{gpu}} {{reason}} active now",
-                    scenarios=("thermal-throttle",),
+                    scenarios=("thermal-throttle", "power-capped"),
                 ),
             ],
             unit="percentunit",
@@ -311,7 +315,11 @@ interconnect = Row(
                 q(f"llmgpu_gpu_pcie_link_width_max{{{GPU}}}", "GPU {{gpu}} lanes max"),
                 q(f"llmgpu_gpu_pcie_link_generation{{{GPU}}}", "GPU {{gpu}} generation"),
                 q(f"llmgpu_gpu_pcie_link_generation_max{{{GPU}}}", "GPU {{gpu}} generation max"),
-                q(f"rate(llmgpu_gpu_pcie_replays_total{{{GPU}}}[$__rate_interval])", "GPU {{gpu}} replays/s"),
+                q(
+                    f"rate(llmgpu_gpu_pcie_replays_total{{{GPU}}}[$__rate_interval])",
+                    "GPU {{gpu}} replays/s",
+                    scenarios=("healthy", "pcie-tensor-parallel"),
+                ),
             ],
         ),
         timeseries(
@@ -400,10 +408,12 @@ errors = Row(
                 q(
                     f"rate(llmgpu_gpu_ecc_corrected_errors_total{{{GPU}}}[$__rate_interval])",
                     "GPU {{gpu}} corrected",
+                    scenarios=("healthy", "ecc-errors"),
                 ),
                 q(
                     f"rate(llmgpu_gpu_ecc_uncorrected_errors_total{{{GPU}}}[$__rate_interval])",
                     "GPU {{gpu}} uncorrected",
+                    scenarios=("healthy", "ecc-errors"),
                 ),
             ],
         ),

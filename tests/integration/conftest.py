@@ -10,6 +10,9 @@ relabelling would set it:
   (memory-leak): the fleet dashboard and recording rules must single out the last two;
 - `lab`: one node for each other scenario, and one healthy node a test stops.
 
+`lab2` runs the remaining scenarios (one node each, no Alertmanager) once `lab` has
+stopped: twenty-one exporters at once would be too many for two cores.
+
 Every wait is bounded; every process is killed when the session ends.
 """
 
@@ -71,18 +74,22 @@ LAB = {
     "lab-doomed": "healthy",  # stopped by a test: LlmGpuExporterDown must page
 }
 UNHEALTHY_FLEET_NODES = ("node-5", "node-6")
+# Every other scenario, in a second lab that runs after the first.
+LAB2 = {
+    f"more-{s}": s
+    for s in (
+        "ecc-errors",
+        "fp32-fallback",
+        "oom-crash",
+        "pcie-tensor-parallel",
+        "power-capped",
+        "scheduler-bound",
+        "small-batches",
+        "spec-decode",
+    )
+}
 
 T = TypeVar("T")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    missing = [n for n, p in (("prometheus", PROMETHEUS), ("alertmanager", ALERTMANAGER)) if p is None]
-    if not missing:
-        return
-    skip = pytest.mark.skip(reason=f"not installed: {', '.join(missing)} (tests/setup/system_deps.sh)")
-    for item in items:
-        if "integration" in item.keywords and "needs_no_servers" not in item.keywords:
-            item.add_marker(skip)
 
 
 # ---- small tools -----------------------------------------------------------------------
@@ -336,19 +343,41 @@ class Lab:
         self.webhook.stop()
 
 
-_OPEN: list[Lab] = []
+_OPEN: dict[str, Lab] = {}  # fixture name -> lab still running
+LAB_FIXTURES = ("lab", "lab2")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip without the servers; run the tests of one lab together, `lab` first, so each
+    lab can stop as soon as its last test is done (see pytest_runtest_teardown)."""
+    missing = [n for n, p in (("prometheus", PROMETHEUS), ("alertmanager", ALERTMANAGER)) if p is None]
+    if missing:
+        skip = pytest.mark.skip(reason=f"not installed: {', '.join(missing)} (tests/setup/system_deps.sh)")
+        for item in items:
+            if "integration" in item.keywords:
+                item.add_marker(skip)
+
+    here = Path(__file__).parent
+
+    def rank(item: pytest.Item) -> int:
+        names = getattr(item, "fixturenames", ())
+        return next((i for i, f in enumerate(LAB_FIXTURES) if f in names), len(LAB_FIXTURES))
+
+    slots = [i for i, item in enumerate(items) if Path(str(item.fspath)).parent == here]
+    for slot, item in zip(slots, sorted((items[i] for i in slots), key=rank), strict=True):
+        items[slot] = item
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """Stop the lab after the last test that uses it: twelve exporters are not left running
+    """Stop a lab after the last test that uses it: a dozen exporters are not left running
     (on two cores) through the tests that come after."""
     if not _OPEN:
         return
     items = item.session.items
     later = items[items.index(item) + 1 :] if item in items else []
-    if not any("lab" in getattr(i, "fixturenames", ()) for i in later):
-        while _OPEN:
-            _OPEN.pop().close()
+    for name in list(_OPEN):
+        if not any(name in getattr(i, "fixturenames", ()) for i in later):
+            _OPEN.pop(name).close()
 
 
 def _start_exporter(node: str, scenario: str, port: int, logs: Path) -> Proc:
@@ -362,57 +391,49 @@ def _start_exporter(node: str, scenario: str, port: int, logs: Path) -> Proc:
     return Proc(f"exporter {node} ({scenario})", args, logs / f"exporter-{node}.log").start()
 
 
-@pytest.fixture(scope="session")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    if PROMETHEUS is None or ALERTMANAGER is None:
+@contextlib.contextmanager
+def running_lab(tmp: Path, clusters: dict[str, dict[str, str]], alertmanager: bool) -> Iterator[Lab]:
+    """Exporters for {cluster: {node: scenario}}, a Prometheus scraping them with the
+    shipped rules (`for:` shortened) and, if asked, an Alertmanager paging the webhook."""
+    if PROMETHEUS is None or (alertmanager and ALERTMANAGER is None):
         pytest.skip("prometheus and prometheus-alertmanager are needed")
-    tmp = tmp_path_factory.mktemp("lab")
     procs: list[Proc] = []
     webhook = Webhook()
-    lab: Lab | None = None
     try:
-        nodes = {n: ("fleet", s, free_port()) for n, s in FLEET.items()}
-        nodes |= {n: ("lab", s, free_port()) for n, s in LAB.items()}
+        nodes = {n: (c, s, free_port()) for c, members in clusters.items() for n, s in members.items()}
         exporters = {}
         for node, (_, scenario, port) in nodes.items():
             exporters[node] = _start_exporter(node, scenario, port, tmp)
             procs.append(exporters[node])
 
-        am_port = free_port()
-        (tmp / "alertmanager.yml").write_text(alertmanager_config(webhook.url))
-        procs.append(
-            Proc(
-                "alertmanager",
-                [
-                    ALERTMANAGER,
-                    f"--config.file={tmp / 'alertmanager.yml'}",
-                    f"--storage.path={tmp / 'am-data'}",
-                    f"--web.listen-address=127.0.0.1:{am_port}",
-                    "--cluster.listen-address=",
-                    "--log.level=warn",
-                ],
-                tmp / "alertmanager.log",
-            ).start()
-        )
+        am_port = None
+        if alertmanager:
+            assert ALERTMANAGER is not None
+            am_port = free_port()
+            (tmp / "alertmanager.yml").write_text(alertmanager_config(webhook.url))
+            am_args = [
+                ALERTMANAGER,
+                f"--config.file={tmp / 'alertmanager.yml'}",
+                f"--storage.path={tmp / 'am-data'}",
+                f"--web.listen-address=127.0.0.1:{am_port}",
+                "--cluster.listen-address=",
+                "--log.level=warn",
+            ]
+            procs.append(Proc("alertmanager", am_args, tmp / "alertmanager.log").start())
 
         rules_dir = tmp / "rules"
         rules_dir.mkdir()
         rules = [shortened(p, rules_dir / p.name) for p in RULE_FILES]
         prom_port = free_port()
         (tmp / "prometheus.yml").write_text(prometheus_config(nodes, rules, am_port))
-        procs.append(
-            Proc(
-                "prometheus",
-                [
-                    PROMETHEUS,
-                    f"--config.file={tmp / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={tmp / 'prom-data'}",
-                    f"--web.listen-address=127.0.0.1:{prom_port}",
-                    "--log.level=warn",
-                ],
-                tmp / "prometheus.log",
-            ).start()
-        )
+        prom_args = [
+            PROMETHEUS,
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'prom-data'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+            "--log.level=warn",
+        ]
+        procs.append(Proc("prometheus", prom_args, tmp / "prometheus.log").start())
 
         def exporters_up() -> bool:
             for node, (_, _, port) in nodes.items():
@@ -424,17 +445,33 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         started = time.time()
         prom = Prom(f"http://127.0.0.1:{prom_port}")
         wait_until(lambda: http_get(f"{prom.url}/-/ready"), 30, "Prometheus to be ready")
-        wait_until(lambda: http_get(f"http://127.0.0.1:{am_port}/-/ready"), 30, "Alertmanager to be ready")
+        am_url = f"http://127.0.0.1:{am_port}" if am_port else ""
+        if am_url:
+            wait_until(lambda: http_get(f"{am_url}/-/ready"), 30, "Alertmanager to be ready")
         wait_until(lambda: prom.targets_up() == len(nodes), 30, "Prometheus to scrape every exporter")
-        lab = Lab(prom, f"http://127.0.0.1:{am_port}", webhook, nodes, started, procs, exporters, rules_dir)
-        _OPEN.append(lab)
-        yield lab
+        yield Lab(prom, am_url, webhook, nodes, started, procs, exporters, rules_dir)
     finally:
-        if lab is not None and lab in _OPEN:
-            _OPEN.remove(lab)
         for proc in reversed(procs):
             proc.stop()
         webhook.stop()
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """The fleet, one node per scenario the issue names, Alertmanager and the webhook."""
+    with running_lab(tmp_path_factory.mktemp("lab"), {"fleet": FLEET, "lab": LAB}, alertmanager=True) as lab:
+        _OPEN["lab"] = lab
+        yield lab
+        _OPEN.pop("lab", None)
+
+
+@pytest.fixture(scope="session")
+def lab2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """One node for each remaining scenario, started after `lab` has stopped."""
+    with running_lab(tmp_path_factory.mktemp("lab2"), {"lab2": LAB2}, alertmanager=False) as lab:
+        _OPEN["lab2"] = lab
+        yield lab
+        _OPEN.pop("lab2", None)
 
 
 def expand(expr: str, values: dict[str, str]) -> str:
