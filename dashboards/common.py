@@ -122,8 +122,9 @@ class Sized:
     h: int = attr.ib(default=8)
 
 
-def thresholds(*steps: tuple[str, float | None]) -> list[g.Threshold]:
-    return [g.Threshold(color, i, float(value or 0.0)) for i, (color, value) in enumerate(steps)]
+def thresholds(*steps: tuple[str, float | None]) -> list[dict[str, object]]:
+    """Threshold steps as Grafana stores them: the base step's value is null."""
+    return [{"color": color, "value": None if i == 0 else value} for i, (color, value) in enumerate(steps)]
 
 
 def timeseries(
@@ -214,6 +215,8 @@ def stat(
         graphMode="area" if graph else "none",
         textMode=text_mode,
         colorMode="value",
+        color={"mode": "thresholds"},
+        noValue="no data",
         decimals=decimals,
         thresholds=thresholds(*steps),
     )
@@ -302,20 +305,41 @@ def bargauge(
     max_: float | None = None,
     steps: Sequence[tuple[str, float | None]] = (("green", None),),
 ) -> Sized:
-    panel = g.BarGauge(
+    panel = BarGauge(
         title=title,
         description=_describe(description, targets),
         dataSource=DATASOURCE,
         targets=_refs(targets),
-        format=unit,
-        calc="lastNotNull",
-        displayMode="gradient",
-        orientation="horizontal",
-        min=0,
-        max=max_,
+        unit=unit,
+        max_=max_,
         thresholds=thresholds(*steps),
     )
     return Sized(panel, w, h)
+
+
+@attr.s
+class BarGauge(g.Panel):
+    """A bar gauge in the current panel schema (grafanalib's writes Grafana 6 `fieldOptions`)."""
+
+    unit: str = attr.ib(default="short")
+    max_: float | None = attr.ib(default=None)
+
+    def to_json_data(self) -> dict[str, object]:
+        return self.panel_json(  # type: ignore[no-any-return]
+            {
+                "fieldConfig": {
+                    "defaults": {"unit": self.unit, "min": 0, "max": self.max_},
+                    "overrides": [],
+                },
+                "options": {
+                    "displayMode": "gradient",
+                    "orientation": "horizontal",
+                    "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                    "showUnfilled": True,
+                },
+                "type": "bargauge",
+            }
+        )
 
 
 def state_timeline(
@@ -479,6 +503,7 @@ def dashboard(
         refresh="30s",
         time=g.Time(time_from, "now"),
         graphTooltip=1,  # shared crosshair
+        schemaVersion=37,  # every panel is written in the current schema: no migration on load
         editable=True,
         templating=g.Templating(list=[datasource_var(), *variables]),
         links=[
