@@ -25,7 +25,6 @@ from exporter.diagnosis.model import (
     Finding,
     FindingState,
     FindingStates,
-    OomRisk,
     OomRiskRatio,
     OomRiskRatios,
     Rule,
@@ -106,10 +105,12 @@ class _Bucketed:
             self.count += 1
 
     def view(self, now: float, horizon_s: float) -> tuple[tuple[float, float], ...]:
-        pts = [p for p in self.points if p[0] >= now - horizon_s]
+        pts = tuple(self.points)  # bounded by maxlen: the history span at this resolution
+        if pts and pts[0][0] < now - horizon_s:
+            pts = tuple(p for p in pts if p[0] >= now - horizon_s)
         if self.count:
-            pts.append((now, self.total / self.count))
-        return tuple(pts)
+            pts = (*pts, (now, self.total / self.count))
+        return pts
 
 
 @dataclass
@@ -193,6 +194,9 @@ class Diagnoser:
             del self._states[key]
 
         risks = oom_risks(frame, self.history, th)
+        worst: dict[str, float] = {}
+        for r in risks:
+            worst[r.gpu] = max(r.ratio, worst.get(r.gpu, 0.0))
         ratios = OomRiskRatios(tuple(OomRiskRatio(r.gpu, r.uuid, r.target, r.ratio) for r in risks))
         self._add_trends(frame)
         order = {s: i for i, s in enumerate(("critical", "warning", "info"))}
@@ -203,7 +207,7 @@ class Diagnoser:
             taken_at=now,
             findings=tuple(findings),
             oom_risks=tuple(risks),
-            gpus=tuple(self._gpu_card(g, risks) for g in frame.gpus),
+            gpus=tuple(self._gpu_card(g, worst.get(str(g.index))) for g in frame.gpus),
             engines=tuple(self._engine_card(e, frame) for e in frame.engines),
             rules=tuple((r.id, r.severity, r.title) for r in self.rules),
             history_seconds=self.history.span_s,
@@ -229,9 +233,8 @@ class Diagnoser:
             for title, _, get_e in ENGINE_TRENDS:
                 self._trends.add(("engine", e.target, title), t, get_e(e))
 
-    def _gpu_card(self, g: GpuFrame, risks: list[OomRisk]) -> Card:
+    def _gpu_card(self, g: GpuFrame, risk: float | None) -> Card:
         now, span = self.history.latest.taken_at if self.history.latest else 0.0, self.history.span_s
-        risk = max((r.ratio for r in risks if r.gpu == str(g.index)), default=None)
         numbers = [
             Evidence("utilization", g.util_ratio, "ratio"),
             Evidence("SM active", g.sm_active_ratio, "ratio"),

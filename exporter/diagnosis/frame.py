@@ -9,7 +9,9 @@ per GPU per sample) where a history of snapshots would keep every reading alive.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
+from types import MappingProxyType
 
 from exporter.collectors.allocator import AllocatorProbes
 from exporter.engines.readings import EngineGpus, Engines, EngineSeries, EngineTargetReading
@@ -62,7 +64,7 @@ def peak_flops(name: str) -> float | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AllocFrame:
     """One process' PyTorch caching allocator, as the allocator probe reports it."""
 
@@ -76,14 +78,14 @@ class AllocFrame:
     ooms_total: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MigFrame:
     uuid: str
     memory_used_bytes: float | None
     memory_total_bytes: float | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GpuFrame:
     index: int
     uuid: str
@@ -111,7 +113,7 @@ class GpuFrame:
     nvlink_rx_bytes_total: float | None = None
     ecc_uncorrected_total: float | None = None
     remap_failed: bool = False
-    xid_counts: Mapping[int, int] = field(default_factory=dict)
+    xid_counts: Mapping[int, int] | None = None  # XIDs seen, zero counts left out; None: no XID data
     process_pids: tuple[int, ...] = ()
     process_count: int | None = None
     mig_enabled: bool = False
@@ -137,7 +139,7 @@ class GpuFrame:
         return peak_flops(self.name)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EngineFrame:
     """One engine scrape target, its series summed (data-parallel ranks, models)."""
 
@@ -177,11 +179,19 @@ class Frame:
     engines: tuple[EngineFrame, ...] = ()
     simulated: bool = False
 
+    @cached_property
+    def _by_index(self) -> dict[int, GpuFrame]:
+        return {g.index: g for g in self.gpus}
+
+    @cached_property
+    def _by_target(self) -> dict[str, EngineFrame]:
+        return {e.target: e for e in self.engines}
+
     def gpu(self, index: int) -> GpuFrame | None:
-        return next((g for g in self.gpus if g.index == index), None)
+        return self._by_index.get(index)
 
     def engine(self, target: str) -> EngineFrame | None:
-        return next((e for e in self.engines if e.target == target), None)
+        return self._by_target.get(target)
 
 
 # ---- from a snapshot -----------------------------------------------------------------
@@ -252,7 +262,7 @@ def _gpu(state: GpuState, allocators: tuple[AllocFrame, ...]) -> GpuFrame:
         nvlink_rx_bytes_total=rx_total,
         ecc_uncorrected_total=_f(ecc.uncorrected if ecc else None),
         remap_failed=bool(ecc and ecc.remap_failed),
-        xid_counts=dict(xid.counts or {}) if xid else {},
+        xid_counts=_nonzero(xid.counts) if xid else None,
         process_pids=tuple(p.pid for p in procs.items) if procs else (),
         process_count=procs.count if procs else None,
         mig_enabled=bool(mig and mig.enabled),
@@ -262,6 +272,16 @@ def _gpu(state: GpuState, allocators: tuple[AllocFrame, ...]) -> GpuFrame:
         ),
         allocators=allocators,
     )
+
+
+NO_XIDS: Mapping[int, int] = MappingProxyType({})
+
+
+def _nonzero(counts: Mapping[int, int] | None) -> Mapping[int, int] | None:
+    if counts is None:
+        return None
+    seen = {k: v for k, v in counts.items() if v}
+    return seen or NO_XIDS
 
 
 def _f(value: float | None) -> float | None:

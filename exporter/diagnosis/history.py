@@ -14,6 +14,7 @@ from typing import TypeVar
 from exporter.diagnosis.frame import EngineFrame, Frame, GpuFrame
 
 T = TypeVar("T")
+V = TypeVar("V")
 Getter = Callable[[T], float | None]
 
 
@@ -102,14 +103,14 @@ class History:
                 out.append((f.taken_at, float(v)))
         return out
 
-    def gpu_value(self, index: int, get: Getter[GpuFrame], at: float | None = None) -> float | None:
+    def last_gpu(self, index: int, get: Callable[[GpuFrame], V | None], at: float | None = None) -> V | None:
         """The last value known at time `at` (default: now), looking back through frames."""
-        frames = self._frames if at is None else self.at_or_before(at)
-        for f in reversed(frames):
-            g = f.gpu(index)
+        end = len(self._frames) if at is None else bisect.bisect_right(self._times, at)
+        for i in range(end - 1, -1, -1):
+            g = self._frames[i].gpu(index)
             v = get(g) if g is not None else None
             if v is not None:
-                return float(v)
+                return v
         return None
 
 

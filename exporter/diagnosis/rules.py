@@ -124,6 +124,13 @@ def power_throttle(frame: Frame, history: History, th: Th) -> Iterator[Candidate
 
 def pcie_replays(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
     for g in _live(frame):
+        if g.pcie_replays_total is None:
+            continue
+        oldest = history.oldest.taken_at if history.oldest else frame.taken_at
+        start = max(oldest, frame.taken_at - th.pcie_replay_window_s)
+        before = history.last_gpu(g.index, lambda x: x.pcie_replays_total, at=start)
+        if before is not None and before == g.pcie_replays_total:
+            continue  # the usual case: not one replay in the window
         series = history.gpu_series(g.index, lambda x: x.pcie_replays_total, th.pcie_replay_window_s)
         if len(series) < 2 or series[-1][0] - series[0][0] < min(60.0, th.pcie_replay_window_s):
             continue
@@ -148,25 +155,18 @@ def xid_increase(history: History, index: int, xids: tuple[int, ...], since: flo
     """XID events per id that arrived after `since`.
 
     The exporter counts XIDs from zero at its start, so a GPU without a frame before
-    `since` starts from zero; a lost GPU shows no counts, so the highest count seen in
-    the window is the current one.
+    `since` starts from zero. A lost GPU may show no counts any more: its last counts
+    while it answered are the current ones.
     """
-    start: dict[int, int] = {}
-    before = history.at_or_before(since)
-    for f in reversed(before):
-        g = f.gpu(index)
-        if g is not None and g.up:
-            start = dict(g.xid_counts)
-            break
-    top: dict[int, int] = {}
-    for f in history.after(since):
-        g = f.gpu(index)
-        if g is None:
-            continue
-        for xid, n in g.xid_counts.items():
-            if xid in xids and n > top.get(xid, 0):
-                top[xid] = n
-    return {x: n - start.get(x, 0) for x, n in top.items() if n > start.get(x, 0)}
+    latest = history.latest
+    g = latest.gpu(index) if latest is not None else None
+    if g is None or (g.up and not g.xid_counts):
+        return {}  # no XID data for this GPU, or none seen
+    now = history.last_gpu(index, lambda x: x.xid_counts or None)
+    if not now or not any(now.get(x, 0) for x in xids):
+        return {}
+    start = history.last_gpu(index, lambda x: x.xid_counts or None, at=since) or {}
+    return {x: now[x] - start.get(x, 0) for x in xids if now.get(x, 0) > start.get(x, 0)}
 
 
 def _xid_candidates(
@@ -198,7 +198,9 @@ def ecc_uncorrectable(frame: Frame, history: History, th: Th) -> Iterator[Candid
         now = g.ecc_uncorrected_total
         if now is not None and oldest is not None:
             # the counter is volatile (since driver load): count only growth seen here
-            then = history.gpu_value(g.index, lambda x: x.ecc_uncorrected_total, max(since, oldest.taken_at))
+            then = history.last_gpu(
+                g.index, lambda x: x.ecc_uncorrected_total, at=max(since, oldest.taken_at)
+            )
             n = max(0.0, now - then) if then is not None else 0.0
         if n <= 0 and not g.remap_failed:
             continue
@@ -609,13 +611,18 @@ def knee_point(samples: list[tuple[float, float, float]], th: Th) -> tuple[float
     return None
 
 
+KNEE_MAX_SAMPLES = 300
+
+
 def throughput_knee(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
     for e in frame.engines:
         now_rate, now_lat = e.request_rate_per_second, _latency(e)
         if not e.up or now_rate is None or now_lat is None:
             continue
         samples = []
-        for f in history:
+        frames = list(history)
+        stride = max(1, len(frames) // KNEE_MAX_SAMPLES)  # the curve needs hundreds, not thousands
+        for f in frames[::-stride]:
             x = f.engine(e.target)
             if x is None:
                 continue
