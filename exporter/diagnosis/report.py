@@ -108,13 +108,25 @@ def render_text(diagnosis_json: Mapping[str, Any], *, color: bool = False) -> st
             n = _numbers(e)
             state = "" if e.get("up") else " (DOWN)"
             ids = ", ".join(sorted(by_engine.get(str(e.get("key")), set()))) or "-"
-            gpus_of = ",".join(e.get("gpus", [])) or "-"
+            gpus_of = ranges(e.get("gpus", [])) or "-"
             out.append(
                 f"{(str(e.get('title')) + state)[:40]:<40} {gpus_of[:10]:<10} {n.get('running', '-'):>5} "
                 f"{n.get('waiting', '-'):>5} {n.get('KV-cache usage', '-'):>6} "
                 f"{n.get('generated tokens', '-'):>8} {n.get('TTFT p99', '-'):>9}  {ids}"
             )
     return "\n".join(out).rstrip() + "\n"
+
+
+def ranges(indexes: Sequence[str]) -> str:
+    """["0", "1", "2", "5"] -> "0-2,5"."""
+    nums = sorted(int(i) for i in indexes if str(i).isdigit())
+    out: list[str] = []
+    for n in nums:
+        if out and n == int(out[-1].rsplit("-", 1)[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{n}"
+        else:
+            out.append(str(n))
+    return ",".join(out)
 
 
 def _numbers(card: Mapping[str, Any]) -> dict[str, str]:

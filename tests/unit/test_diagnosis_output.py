@@ -135,3 +135,11 @@ def test_docs_generated_blocks_are_current() -> None:
     from exporter.diagnosis.docs import main
 
     assert main(["--check"]) == 0, "run: python -m exporter.diagnosis.docs"
+
+
+def test_gpu_ranges_in_the_report() -> None:
+    from exporter.diagnosis.report import ranges
+
+    assert ranges([str(i) for i in range(8)]) == "0-7"
+    assert ranges(["5", "0", "2", "3"]) == "0,2-3,5"
+    assert ranges([]) == ""
