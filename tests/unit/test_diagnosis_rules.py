@@ -317,7 +317,7 @@ def test_spec_acceptance_edges() -> None:
 
 
 def test_itl_jitter_edges() -> None:
-    j = TH.itl_jitter_ratio
+    j = TH.itl_jitter_factor
     assert fires("decoding/itl_jitter", [with_engine(itl_p50_seconds=0.02, itl_p99_seconds=0.02 * j)])
     assert not fires(
         "decoding/itl_jitter", [with_engine(itl_p50_seconds=0.02, itl_p99_seconds=0.02 * j * 0.99)]
@@ -373,7 +373,7 @@ def _knee_frames(jump: float, top: float = 12.0) -> list[Frame]:
 
 
 def test_throughput_knee_needs_the_latency_jump() -> None:
-    j = TH.knee_latency_jump_ratio
+    j = TH.knee_latency_jump_factor
     assert fires("capacity/throughput_knee", _knee_frames(j))
     assert not fires("capacity/throughput_knee", _knee_frames(j * 0.95))
 
