@@ -47,7 +47,6 @@ if str(ROOT) not in sys.path:
 
 PROMETHEUS = shutil.which("prometheus")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-PROMTOOL = shutil.which("promtool")
 RULE_FILES = sorted((ROOT / "alerts").glob("*.rules.yml"))
 SPEED = 60  # scenario seconds per wall second: a 10-minute scenario plays in 10 s
 # The simulated XID event of gpu-lost is active for one scenario second, 17 ms of wall
@@ -348,15 +347,8 @@ LAB_FIXTURES = ("lab", "lab2")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip without the servers; run the tests of one lab together, `lab` first, so each
-    lab can stop as soon as its last test is done (see pytest_runtest_teardown)."""
-    missing = [n for n, p in (("prometheus", PROMETHEUS), ("alertmanager", ALERTMANAGER)) if p is None]
-    if missing:
-        skip = pytest.mark.skip(reason=f"not installed: {', '.join(missing)} (tests/setup/system_deps.sh)")
-        for item in items:
-            if "integration" in item.keywords:
-                item.add_marker(skip)
-
+    """Run the tests of one lab together, `lab` first, so each lab can stop as soon as its
+    last test is done (see pytest_runtest_teardown). Only this directory's tests move."""
     here = Path(__file__).parent
 
     def rank(item: pytest.Item) -> int:
@@ -441,15 +433,19 @@ def running_lab(tmp: Path, clusters: dict[str, dict[str, str]], alertmanager: bo
                     raise ValueError(f"{node} not ready")
             return True
 
-        wait_until(exporters_up, 60, "the exporters to serve /metrics")
-        started = time.time()
         prom = Prom(f"http://127.0.0.1:{prom_port}")
-        wait_until(lambda: http_get(f"{prom.url}/-/ready"), 30, "Prometheus to be ready")
         am_url = f"http://127.0.0.1:{am_port}" if am_port else ""
-        if am_url:
-            wait_until(lambda: http_get(f"{am_url}/-/ready"), 30, "Alertmanager to be ready")
-        wait_until(lambda: prom.targets_up() == len(nodes), 30, "Prometheus to scrape every exporter")
-        yield Lab(prom, am_url, webhook, nodes, started, procs, exporters, rules_dir)
+        lab = Lab(prom, am_url, webhook, nodes, time.time(), procs, exporters, rules_dir)
+        try:
+            wait_until(exporters_up, 60, "the exporters to serve /metrics")
+            lab.started = time.time()
+            wait_until(lambda: http_get(f"{prom.url}/-/ready"), 30, "Prometheus to be ready")
+            if am_url:
+                wait_until(lambda: http_get(f"{am_url}/-/ready"), 30, "Alertmanager to be ready")
+            wait_until(lambda: prom.targets_up() == len(nodes), 30, "Prometheus to scrape every exporter")
+        except TimeoutError as err:
+            raise RuntimeError(f"{err}\n{lab.logs()}") from None
+        yield lab
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -484,10 +480,3 @@ def expand(expr: str, values: dict[str, str]) -> str:
         return values[name]
 
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", one, expr)
-
-
-def scenario_end_s(name: str) -> float:
-    """Wall seconds until a scenario's last phase has begun, at SPEED."""
-    from exporter.sim.scenario import load_builtin
-
-    return load_builtin(name).duration / SPEEDS.get(name, SPEED)
