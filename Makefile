@@ -25,13 +25,13 @@ vllm-env: venv
 	bash tests/e2e/vllm_env.sh
 
 test: venv system-deps vllm-env
-	$(BIN)/ruff check exporter tests bench dashboards
+	$(BIN)/ruff check exporter tests bench dashboards alerts
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 lint: venv
-	$(BIN)/ruff check exporter tests bench dashboards
-	$(BIN)/ruff format --check exporter tests bench dashboards
+	$(BIN)/ruff check exporter tests bench dashboards alerts
+	$(BIN)/ruff format --check exporter tests bench dashboards alerts
 
 typecheck: venv
 	$(BIN)/mypy

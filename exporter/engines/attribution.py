@@ -25,11 +25,20 @@ def engine_gpus(snapshot: Snapshot) -> tuple[object, ...]:
         if procs is None or not procs.items:
             continue
         on_gpu = {p.pid for p in procs.items}
+        total = gpu.facts.memory_total_bytes if gpu.facts else None
         for target in targets:
             if not target.pids or not (target.pids & on_gpu):
                 continue
             models = target.models or tuple(s.model for s in target.status if s.model) or (None,)
             for model in models:
+                share = next(
+                    (
+                        s.gpu_memory_utilization
+                        for s in target.series
+                        if s.model == model and s.gpu_memory_utilization
+                    ),
+                    None,
+                )
                 links.append(
                     EngineGpu(
                         engine=target.kind or "unknown",
@@ -38,6 +47,7 @@ def engine_gpus(snapshot: Snapshot) -> tuple[object, ...]:
                         uuid=gpu.uuid,
                         gpu=str(gpu.index),
                         present=1,
+                        memory_budget_bytes=share * total if share is not None and total else None,
                     )
                 )
     return (EngineGpus(links=tuple(links)),) if links else ()

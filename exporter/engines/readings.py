@@ -64,8 +64,7 @@ class EngineSeries:
     )
     requests_waiting: float | None = gauge(
         "llmgpu_engine_requests_waiting",
-        "Requests waiting to be scheduled (vllm:num_requests_waiting, sglang:num_queue_reqs, "
-        "tgi_queue_size)",
+        "Requests waiting to be scheduled (vllm:num_requests_waiting, sglang:num_queue_reqs, tgi_queue_size)",
     )
     requests_waiting_by_reason: dict[str, float] | None = gauge(
         "llmgpu_engine_requests_waiting_by_reason",
@@ -149,8 +148,7 @@ class EngineSeries:
     )
     prefill: Histogram | None = histogram(
         "llmgpu_engine_prefill_time_seconds",
-        "Time requests spent in prefill, in the engine's buckets "
-        "(vllm:request_prefill_time_seconds)",
+        "Time requests spent in prefill, in the engine's buckets (vllm:request_prefill_time_seconds)",
     )
     decode: Histogram | None = histogram(
         "llmgpu_engine_decode_time_seconds",
@@ -165,8 +163,7 @@ class EngineSeries:
     # derived over RATE_WINDOW_S of scrapes, in Context.clock seconds
     prompt_tokens_per_second: float | None = gauge(
         "llmgpu_engine_prompt_tokens_per_second",
-        "Prompt tokens per second over the last minute (derived from the engine's prompt-token "
-        "counter)",
+        "Prompt tokens per second over the last minute (derived from the engine's prompt-token counter)",
     )
     generation_tokens_per_second: float | None = gauge(
         "llmgpu_engine_generation_tokens_per_second",
@@ -184,8 +181,7 @@ class EngineSeries:
     )
     prefix_cache_hit_ratio: float | None = gauge(
         "llmgpu_engine_prefix_cache_hit_ratio",
-        "Prefix-cache hits over queries in the last minute (derived; sglang:cache_hit_rate as "
-        "reported)",
+        "Prefix-cache hits over queries in the last minute (derived; sglang:cache_hit_rate as reported)",
     )
     spec_decode_acceptance_ratio: float | None = gauge(
         "llmgpu_engine_spec_decode_acceptance_ratio",
@@ -306,6 +302,11 @@ class EngineGpu:
         "llmgpu_engine_gpu_info",
         "1 for each GPU an engine runs on: NVML compute-process pids "
         "(nvmlDeviceGetComputeRunningProcesses) matched against the engine's process tree",
+    )
+    memory_budget_bytes: float | None = gauge(
+        "llmgpu_engine_gpu_memory_budget_bytes",
+        "The engine's own memory budget on this GPU: gpu_memory_utilization times total memory "
+        "(vllm:cache_config_info, nvmlDeviceGetMemoryInfo)",
     )
 
 

@@ -451,7 +451,9 @@ class FakeLibrary:
     def nvmlEventSetWait_v2(self, s: Any, ref: Any, timeout_ms: Any) -> int:
         deadline = time.monotonic() + _val(timeout_ms) / 1000
         while True:
-            for f in self.t.faults("xid"):
+            # Each XID fires once, as soon as its time has come, however fast time runs.
+            now = self.t.now()
+            for f in (f for f in self.scn.faults if f.kind == "xid" and f.at <= now):
                 key = (f.gpu or 0, f.at)
                 if key not in self._xid_seen and (f.gpu or 0) in self._events_for:
                     self._xid_seen.add(key)
