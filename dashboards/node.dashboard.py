@@ -148,9 +148,14 @@ memory = Row(
         timeseries(
             "Memory used, reserved and free",
             "Framebuffer memory per GPU: used by processes, reserved by the driver and firmware, "
-            "free, and the total. The engines' own budget is in the table beside.",
+            "free, the total, and the engine's own budget (gpu_memory_utilization times the "
+            "total): usage above the budget is something else growing.",
             [
                 q(f"llmgpu_gpu_memory_used_bytes{{{GPU}}}", "GPU {{gpu}} used"),
+                q(
+                    f"max by (gpu) (llmgpu_engine_gpu_memory_budget_bytes{{{GPU}}})",
+                    "GPU {{gpu}} engine budget",
+                ),
                 q(f"llmgpu_gpu_memory_reserved_bytes{{{GPU}}}", "GPU {{gpu}} reserved"),
                 q(f"llmgpu_gpu_memory_free_bytes{{{GPU}}}", "GPU {{gpu}} free"),
                 q(f"max(llmgpu_gpu_memory_total_bytes{{{GPU}}})", "total"),
