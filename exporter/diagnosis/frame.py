@@ -310,7 +310,7 @@ def _engine(t: EngineTargetReading, gpus: tuple[int, ...], uuids: tuple[str, ...
     model = ", ".join(t.models)
     kind = t.kind or (first.engine if first else "")
     short = ", ".join(m.rsplit("/", 1)[-1] for m in t.models) or kind or "engine"
-    numa = getattr(t, "cpu_numa_nodes", None)
+    numa = t.cpu_numa_nodes
     return EngineFrame(
         target=t.target,
         name=f"{short} @ {short_target(t.target)}",
