@@ -78,19 +78,36 @@ class XidCollector:
             self._count_error(err.name)
             return
         while not self._stop.is_set():
-            try:
-                data = self.nvml.query(N.nvmlEventSetWait_v2, self._event_set, WAIT_MS)
-            except NvmlError as err:
-                if err.name != "Timeout":
-                    self._count_error(err.name)
-                    self._stop.wait(1.0)
-                continue
-            if data is None:
+            if self._take(WAIT_MS) == "failed":
+                self._stop.wait(1.0)  # a broken event set: do not spin
+
+    def _take(self, timeout_ms: int) -> str:
+        """Wait for one event and count it: 'event', 'none' (timed out) or 'failed'."""
+        try:
+            data = self.nvml.query(N.nvmlEventSetWait_v2, self._event_set, timeout_ms)
+        except NvmlError as err:
+            if err.name == "Timeout":
+                return "none"
+            self._count_error(err.name)
+            return "failed"
+        if data is None:
+            return "failed"
+        index = self.nvml.index_of(data.device)
+        if index is not None:
+            self.record(index, int(data.eventData))
+            log.warning("GPU %d reported XID %d", index, data.eventData)
+        return "event"
+
+    def refresh(self) -> None:
+        """Stepped runs have no event thread: take every waiting event without blocking."""
+        try:
+            if not self._register():
                 return
-            index = self.nvml.index_of(data.device)
-            if index is not None:
-                self.record(index, int(data.eventData))
-                log.warning("GPU %d reported XID %d", index, data.eventData)
+        except NvmlError as err:
+            self._count_error(err.name)
+            return
+        while self._take(0) == "event":
+            pass
 
     def _count_error(self, name: str) -> None:
         with self._lock:

@@ -51,7 +51,7 @@ RULE_FILES = sorted((ROOT / "alerts").glob("*.rules.yml"))
 SPEED = 60  # scenario seconds per wall second: a 10-minute scenario plays in 10 s
 # The simulated XID event of gpu-lost is active for one scenario second, 17 ms of wall
 # time at 60x: shorter than the fake NVML event wait polls. At 10x it is caught.
-SPEEDS = {"gpu-lost": 10}
+SPEEDS: dict[str, float] = {}
 JOB = "llm-gpu-exporter"
 
 # node name -> (cluster, scenario)

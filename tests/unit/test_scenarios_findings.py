@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import pytest
 
 from exporter import app
-from exporter.collectors.xid import XidCollector
 from exporter.config import Settings
 from exporter.diagnosis.model import Diagnosis
 from exporter.diagnosis.rules import RULES_BY_ID
@@ -101,8 +100,6 @@ def test_scenario_declares_known_rules_and_fits_the_step(name: str) -> None:
 @pytest.mark.parametrize("name", builtin_names())
 def test_scenario_produces_exactly_its_declared_findings(name: str) -> None:
     scenario = load_builtin(name)
-    if any(f.kind == "xid" for f in scenario.faults) and not hasattr(XidCollector, "refresh"):
-        pytest.xfail("stepped runs do not collect XID events yet (XidCollector has no refresh())")
     played = play(name)
     expected = set(scenario.expect_findings)
     assert played.engines_seen == len(scenario.engines), "every simulated engine is scraped and diagnosed"
