@@ -49,9 +49,6 @@ PROMETHEUS = shutil.which("prometheus")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 RULE_FILES = sorted((ROOT / "alerts").glob("*.rules.yml"))
 SPEED = 60  # scenario seconds per wall second: a 10-minute scenario plays in 10 s
-# The simulated XID event of gpu-lost is active for one scenario second, 17 ms of wall
-# time at 60x: shorter than the fake NVML event wait polls. At 10x it is caught.
-SPEEDS: dict[str, float] = {}
 JOB = "llm-gpu-exporter"
 
 # node name -> (cluster, scenario)
@@ -376,7 +373,7 @@ def _start_exporter(node: str, scenario: str, port: int, logs: Path) -> Proc:
     args = [
         sys.executable, "-m", "exporter.cli", "serve",
         "--simulate", scenario,
-        "--speed", str(SPEEDS.get(scenario, SPEED)),
+        "--speed", str(SPEED),
         "--interval", "0.5",
         "--listen", f"127.0.0.1:{port}",
     ]  # fmt: skip
