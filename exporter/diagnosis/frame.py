@@ -336,10 +336,8 @@ def _engine(t: EngineTargetReading, gpus: tuple[int, ...], uuids: tuple[str, ...
         itl_p99_seconds=_max(s.quantile("itl", 0.99) for s in series),
         gpu_memory_utilization=_max(s.gpu_memory_utilization for s in series),
         api_server_cpu_ratio=max(api) if api else None,
-        estimated_flops_per_gpu_total=_sum(getattr(s, "estimated_flops_per_gpu", None) for s in series),
-        estimated_read_bytes_per_gpu_total=_sum(
-            getattr(s, "estimated_read_bytes_per_gpu", None) for s in series
-        ),
+        estimated_flops_per_gpu_total=_sum(s.estimated_flops_per_gpu for s in series),
+        estimated_read_bytes_per_gpu_total=_sum(s.estimated_read_bytes_per_gpu for s in series),
         cpu_numa_nodes=tuple(numa) if numa is not None else None,
     )
 

@@ -22,6 +22,7 @@ COUNTERS = (
     "preemptions", "prompt_tokens", "generation_tokens", "prompt_tokens_cached",
     "rejected_requests", "prefix_cache_queries", "prefix_cache_hits",
     "spec_decode_draft_tokens", "spec_decode_accepted_tokens", "arrivals",
+    "estimated_flops_per_gpu", "estimated_read_bytes_per_gpu",
 )
 MAX_POINTS = 4096
 KEEP_S = max(seconds for _, seconds in WINDOWS)

@@ -49,6 +49,8 @@ VLLM = _rules(
     Rule("kv_cache_usage_ratio", "vllm:kv_cache_usage_perc"),
     Rule("kv_cache_usage_ratio", "vllm:gpu_cache_usage_perc", fallback=True),
     Rule("preemptions", "vllm:num_preemptions"),
+    Rule("estimated_flops_per_gpu", "vllm:estimated_flops_per_gpu"),
+    Rule("estimated_read_bytes_per_gpu", "vllm:estimated_read_bytes_per_gpu"),
     Rule("prompt_tokens", "vllm:prompt_tokens"),
     Rule("generation_tokens", "vllm:generation_tokens"),
     Rule("prompt_tokens_cached", "vllm:prompt_tokens_cached"),

@@ -81,6 +81,16 @@ class EngineSeries:
         "Requests preempted to free KV cache (vllm:num_preemptions_total, "
         "sglang:num_retracted_requests_total)",
     )
+    estimated_flops_per_gpu: float | None = counter(
+        "llmgpu_engine_estimated_flops_per_gpu_total",
+        "The engine's own estimate of floating-point operations per GPU, for MFU "
+        "(vllm:estimated_flops_per_gpu_total)",
+    )
+    estimated_read_bytes_per_gpu: float | None = counter(
+        "llmgpu_engine_estimated_read_bytes_per_gpu_total",
+        "The engine's own estimate of bytes read from GPU memory per GPU, for MBU "
+        "(vllm:estimated_read_bytes_per_gpu_total)",
+    )
     prompt_tokens: float | None = counter(
         "llmgpu_engine_prompt_tokens_total",
         "Prompt (prefill) tokens processed (vllm:prompt_tokens_total, sglang:prompt_tokens_total, "

@@ -393,6 +393,8 @@ def _series(kind: str, key: SeriesKey, raw: Raw, history: History) -> EngineSeri
         requests_waiting_by_reason=_opt(raw.maps.get("requests_waiting_by_reason")),
         kv_cache_usage_ratio=v.get("kv_cache_usage_ratio"),
         preemptions=v.get("preemptions"),
+        estimated_flops_per_gpu=v.get("estimated_flops_per_gpu"),
+        estimated_read_bytes_per_gpu=v.get("estimated_read_bytes_per_gpu"),
         prompt_tokens=v.get("prompt_tokens"),
         generation_tokens=v.get("generation_tokens"),
         prompt_tokens_cached=v.get("prompt_tokens_cached"),
