@@ -19,10 +19,18 @@ from exporter.engines.readings import QUANTILES, RATE_WINDOW_S, WINDOWS, Latency
 from exporter.metricdef import Histogram
 
 COUNTERS = (
-    "preemptions", "prompt_tokens", "generation_tokens", "prompt_tokens_cached",
-    "rejected_requests", "prefix_cache_queries", "prefix_cache_hits",
-    "spec_decode_draft_tokens", "spec_decode_accepted_tokens", "arrivals",
-    "estimated_flops_per_gpu", "estimated_read_bytes_per_gpu",
+    "preemptions",
+    "prompt_tokens",
+    "generation_tokens",
+    "prompt_tokens_cached",
+    "rejected_requests",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "spec_decode_draft_tokens",
+    "spec_decode_accepted_tokens",
+    "arrivals",
+    "estimated_flops_per_gpu",
+    "estimated_read_bytes_per_gpu",
 )
 MAX_POINTS = 4096
 KEEP_S = max(seconds for _, seconds in WINDOWS)

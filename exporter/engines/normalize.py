@@ -112,11 +112,21 @@ DP_LABELS: Mapping[str, str] = {"vllm": "engine", "sglang": "dp_rank"}
 # SGLang reports the same scheduler view from every tensor/pipeline rank; rank 0 speaks.
 RANK_LABELS = ("tp_rank", "pp_rank")
 # vllm:cache_config_info keys worth keeping: the memory budget and the cache shape.
-CACHE_CONFIG_KEYS = frozenset({
-    "block_size", "num_gpu_blocks", "num_cpu_blocks", "gpu_memory_utilization", "cache_dtype",
-    "enable_prefix_caching", "kv_cache_memory_bytes", "swap_space_bytes", "kv_cache_size_tokens",
-    "sliding_window", "max_total_num_tokens",
-})
+CACHE_CONFIG_KEYS = frozenset(
+    {
+        "block_size",
+        "num_gpu_blocks",
+        "num_cpu_blocks",
+        "gpu_memory_utilization",
+        "cache_dtype",
+        "enable_prefix_caching",
+        "kv_cache_memory_bytes",
+        "swap_space_bytes",
+        "kv_cache_size_tokens",
+        "sliding_window",
+        "max_total_num_tokens",
+    }
+)
 PROCESS_CPU = "process_cpu_seconds_total"
 
 
@@ -159,9 +169,7 @@ class _Out:
         self.config: dict[str, str] = {}
 
     def raw(self) -> Raw:
-        return Raw(
-            values=self.values, maps=self.maps, hists=self.hists, cache_config=self.config or None
-        )
+        return Raw(values=self.values, maps=self.maps, hists=self.hists, cache_config=self.config or None)
 
 
 class _Hist:

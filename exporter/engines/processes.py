@@ -18,9 +18,7 @@ import psutil
 
 # Command lines of the processes that serve an engine's HTTP API (and its /metrics).
 SERVERS: Mapping[str, re.Pattern[str]] = {
-    "vllm": re.compile(
-        r"vllm\.entrypoints\.(?:openai\.)?api_server|(?:^|[\s/])vllm\s+serve(?:\s|$)"
-    ),
+    "vllm": re.compile(r"vllm\.entrypoints\.(?:openai\.)?api_server|(?:^|[\s/])vllm\s+serve(?:\s|$)"),
     "sglang": re.compile(r"sglang\.launch_server|(?:^|[\s/])sglang\s+serve(?:\s|$)"),
     "tgi": re.compile(r"(?:^|[\s/])text-generation-router(?:\s|$)"),
 }
@@ -33,8 +31,14 @@ DEFAULT_PORTS: Mapping[str, tuple[int, ...]] = {
 _ROLE_PATTERNS = (
     ("engine_core", re.compile(r"EngineCore|sglang::scheduler", re.IGNORECASE)),
     ("worker", re.compile(r"Worker|text-generation-server|VllmWorker", re.IGNORECASE)),
-    ("api_server", re.compile(r"ApiServer|APIServer|api_server|text-generation-router|"
-                              r"sglang\.launch_server", re.IGNORECASE)),
+    (
+        "api_server",
+        re.compile(
+            r"ApiServer|APIServer|api_server|text-generation-router|"
+            r"sglang\.launch_server",
+            re.IGNORECASE,
+        ),
+    ),
 )
 _PORT_FLAG = re.compile(r"--port[=\s]+(\d{1,5})")
 _PROM_PORT_FLAG = re.compile(r"--prometheus-port[=\s]+(\d{1,5})")
@@ -75,9 +79,7 @@ def listening_ports(pid: int) -> list[tuple[str, int]]:
         conns = proc.net_connections(kind="inet")
     except (psutil.Error, OSError):
         return []
-    return sorted(
-        {(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN and c.laddr}
-    )
+    return sorted({(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN and c.laddr})
 
 
 def listener_of(port: int) -> int | None:

@@ -306,9 +306,7 @@ class EngineScraper:
         if self._thread is not None:
             return
         ready = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(ready,), name="engine-scraper", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="engine-scraper", daemon=True)
         self._thread.start()
         ready.wait(5.0)
 

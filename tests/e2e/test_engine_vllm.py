@@ -49,8 +49,9 @@ def promtool_complaints(text: str) -> list[str]:
     """What `promtool check metrics` says about an exposition, one line per complaint."""
     promtool = shutil.which("promtool")
     assert promtool, "promtool is not installed (Debian package prometheus)"
-    lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
-                          text=True, timeout=60)
+    lint = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
     return [ln for ln in (lint.stdout + lint.stderr).splitlines() if ln.strip()]
 
 
@@ -137,11 +138,16 @@ def test_load_kill_and_restart(vllm_server: VllmServer, collector: EnginesCollec
 
     after_page = vllm_server.metrics()
     expected_tokens = sum(
-        s.value for f in text_string_to_metric_families(after_page) for s in f.samples
+        s.value
+        for f in text_string_to_metric_families(after_page)
+        for s in f.samples
         if s.name == "vllm:generation_tokens_total"
     )
-    wait_for("the exporter to see the finished load",
-             lambda: series(current()).generation_tokens == expected_tokens, 15)
+    wait_for(
+        "the exporter to see the finished load",
+        lambda: series(current()).generation_tokens == expected_tokens,
+        15,
+    )
     t = current()
     s = series(t)
 

@@ -47,8 +47,10 @@ def test_each_engine_gets_the_gpus_its_processes_hold() -> None:
     assert isinstance(join, EngineGpus)
     assert join.gpus_of("10.0.0.1:8000") == (0, 1)
     assert join.gpus_of("10.0.0.1:8001") == (2,)
-    rows = {(dict(lbl)["target"], dict(lbl)["gpu"], dict(lbl)["uuid"], dict(lbl)["engine"])
-            for _, lbl, _ in samples(join)}
+    rows = {
+        (dict(lbl)["target"], dict(lbl)["gpu"], dict(lbl)["uuid"], dict(lbl)["engine"])
+        for _, lbl, _ in samples(join)
+    }
     assert ("10.0.0.1:8001", "2", "GPU-0002", "sglang") in rows
     assert all(m.name == "llmgpu_engine_gpu_info" and v == 1 for m, _, v in samples(join))
     assert len(rows) == 3
@@ -62,7 +64,9 @@ def test_a_gpu_shared_by_two_engines_joins_both() -> None:
 
 def test_a_down_engine_keeps_its_last_model_in_the_join() -> None:
     down = EngineTargetReading(
-        target="a:1", status=(EngineUp(engine="vllm", model="llama", up=0),), kind="vllm",
+        target="a:1",
+        status=(EngineUp(engine="vllm", model="llama", up=0),),
+        kind="vllm",
         pids=frozenset({10}),
     )
     (join,) = engine_gpus(snap((gpu(0, 10),), down))

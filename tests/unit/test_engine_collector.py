@@ -34,25 +34,43 @@ PAGES = {
 
 # The names dashboards and alerts are built against (docs/engines.md).
 NAMES = {
-    "llmgpu_engine_up", "llmgpu_engine_requests_running", "llmgpu_engine_requests_waiting",
-    "llmgpu_engine_requests_waiting_by_reason", "llmgpu_engine_kv_cache_usage_ratio",
-    "llmgpu_engine_preemptions_total", "llmgpu_engine_prompt_tokens_total",
-    "llmgpu_engine_generation_tokens_total", "llmgpu_engine_prompt_tokens_cached_total",
-    "llmgpu_engine_requests_total", "llmgpu_engine_rejected_requests_total",
-    "llmgpu_engine_prefix_cache_queries_total", "llmgpu_engine_prefix_cache_hits_total",
-    "llmgpu_engine_spec_decode_draft_tokens_total", "llmgpu_engine_spec_decode_accepted_tokens_total",
-    "llmgpu_engine_time_to_first_token_seconds", "llmgpu_engine_inter_token_latency_seconds",
-    "llmgpu_engine_e2e_request_latency_seconds", "llmgpu_engine_queue_time_seconds",
-    "llmgpu_engine_prefill_time_seconds", "llmgpu_engine_decode_time_seconds",
-    "llmgpu_engine_cache_config_info", "llmgpu_engine_prompt_tokens_per_second",
-    "llmgpu_engine_generation_tokens_per_second", "llmgpu_engine_request_rate_per_second",
-    "llmgpu_engine_preemptions_per_second", "llmgpu_engine_prefix_cache_hit_ratio",
+    "llmgpu_engine_up",
+    "llmgpu_engine_requests_running",
+    "llmgpu_engine_requests_waiting",
+    "llmgpu_engine_requests_waiting_by_reason",
+    "llmgpu_engine_kv_cache_usage_ratio",
+    "llmgpu_engine_preemptions_total",
+    "llmgpu_engine_prompt_tokens_total",
+    "llmgpu_engine_generation_tokens_total",
+    "llmgpu_engine_prompt_tokens_cached_total",
+    "llmgpu_engine_requests_total",
+    "llmgpu_engine_rejected_requests_total",
+    "llmgpu_engine_prefix_cache_queries_total",
+    "llmgpu_engine_prefix_cache_hits_total",
+    "llmgpu_engine_spec_decode_draft_tokens_total",
+    "llmgpu_engine_spec_decode_accepted_tokens_total",
+    "llmgpu_engine_time_to_first_token_seconds",
+    "llmgpu_engine_inter_token_latency_seconds",
+    "llmgpu_engine_e2e_request_latency_seconds",
+    "llmgpu_engine_queue_time_seconds",
+    "llmgpu_engine_prefill_time_seconds",
+    "llmgpu_engine_decode_time_seconds",
+    "llmgpu_engine_cache_config_info",
+    "llmgpu_engine_prompt_tokens_per_second",
+    "llmgpu_engine_generation_tokens_per_second",
+    "llmgpu_engine_request_rate_per_second",
+    "llmgpu_engine_preemptions_per_second",
+    "llmgpu_engine_prefix_cache_hit_ratio",
     "llmgpu_engine_spec_decode_acceptance_ratio",
     "llmgpu_engine_time_to_first_token_quantile_seconds",
-    "llmgpu_engine_inter_token_latency_quantile_seconds", "llmgpu_engine_gpu_info",
-    "llmgpu_engine_process_cpu_ratio", "llmgpu_engine_scrape_duration_seconds",
-    "llmgpu_engine_scrape_errors_total", "llmgpu_engine_series",
-    "llmgpu_engine_estimated_flops_per_gpu_total", "llmgpu_engine_estimated_read_bytes_per_gpu_total",
+    "llmgpu_engine_inter_token_latency_quantile_seconds",
+    "llmgpu_engine_gpu_info",
+    "llmgpu_engine_process_cpu_ratio",
+    "llmgpu_engine_scrape_duration_seconds",
+    "llmgpu_engine_scrape_errors_total",
+    "llmgpu_engine_series",
+    "llmgpu_engine_estimated_flops_per_gpu_total",
+    "llmgpu_engine_estimated_read_bytes_per_gpu_total",
     "llmgpu_engine_gpu_memory_budget_bytes",
 }
 
@@ -62,8 +80,9 @@ def promtool_complaints(text: str) -> list[str]:
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.fail("promtool is not installed (Debian package prometheus)")
-    lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
-                          text=True, timeout=60)
+    lint = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
     return [ln for ln in (lint.stdout + lint.stderr).splitlines() if ln.strip()]
 
 
@@ -87,9 +106,7 @@ class PageServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
-        threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def stop(self) -> None:
         self.httpd.shutdown()
@@ -121,8 +138,9 @@ def test_the_collector_is_registered_and_on_by_default() -> None:
 
     reg = REGISTRY["engines"]
     assert reg.default_enabled
-    assert isinstance(reg.factory(Context(settings=Settings(discover_processes=False), nvml=None)),
-                      EnginesCollector)
+    assert isinstance(
+        reg.factory(Context(settings=Settings(discover_processes=False), nvml=None)), EnginesCollector
+    )
 
 
 def test_declared_names_are_exactly_the_documented_ones() -> None:
@@ -157,8 +175,11 @@ def test_all_engine_kinds_render_to_clean_exposition(pages: dict[str, PageServer
     assert [s.labels for s in running if s.labels["target"] == tgi] == [{"engine": "tgi", "target": tgi}]
     info = fams["llmgpu_engine_cache_config_info"].samples
     assert any(s.labels.get("gpu_memory_utilization") == "0.85" and s.labels.get("dp") == "1" for s in info)
-    buckets = [s for s in fams["llmgpu_engine_time_to_first_token_seconds"].samples
-               if s.name.endswith("_bucket") and s.labels["engine"] == "sglang"]
+    buckets = [
+        s
+        for s in fams["llmgpu_engine_time_to_first_token_seconds"].samples
+        if s.name.endswith("_bucket") and s.labels["engine"] == "sglang"
+    ]
     assert [s.labels["le"] for s in buckets][:2] == ["0.1", "0.2"] and buckets[-1].labels["le"] == "+Inf"
     errors = fams["llmgpu_engine_scrape_errors"].samples
     assert errors and all(s.value == 0 for s in errors)
@@ -174,18 +195,35 @@ def test_all_engine_kinds_render_to_clean_exposition(pages: dict[str, PageServer
 
 def test_kubernetes_discovery_reads_the_opt_in_annotation() -> None:
     def pod(name: str, ip: str | None, notes: dict[str, str]) -> PodInfo:
-        return PodInfo(namespace="llm", name=name, uid=f"uid-{name}", pod_ip=ip,
-                       annotations=MappingProxyType(notes), containers=())
+        return PodInfo(
+            namespace="llm",
+            name=name,
+            uid=f"uid-{name}",
+            pod_ip=ip,
+            annotations=MappingProxyType(notes),
+            containers=(),
+        )
 
     asked: list[str] = []
 
     def lister(node: str) -> list[PodInfo]:
         asked.append(node)
         return [
-            pod("a", "10.1.0.5", {"example.com/scrape": "true", "example.com/port": "8000",
-                                  "example.com/engine": "vllm"}),
-            pod("b", "10.1.0.6", {"example.com/scrape": "true", "example.com/path": "stats",
-                                  "example.com/port": "30000", "example.com/engine": "bogus"}),
+            pod(
+                "a",
+                "10.1.0.5",
+                {"example.com/scrape": "true", "example.com/port": "8000", "example.com/engine": "vllm"},
+            ),
+            pod(
+                "b",
+                "10.1.0.6",
+                {
+                    "example.com/scrape": "true",
+                    "example.com/path": "stats",
+                    "example.com/port": "30000",
+                    "example.com/engine": "bogus",
+                },
+            ),
             pod("c", "10.1.0.7", {"example.com/scrape": "false"}),
             pod("d", None, {"example.com/scrape": "true"}),
         ]

@@ -80,15 +80,36 @@ def test_counter_reset_starts_the_history_over() -> None:
 
 def test_hit_and_acceptance_ratios_are_absent_while_idle() -> None:
     h = History()
-    h.add(0.0, raw(prefix_cache_queries=100.0, prefix_cache_hits=40.0,
-                   spec_decode_draft_tokens=90.0, spec_decode_accepted_tokens=30.0))
-    h.add(60.0, raw(prefix_cache_queries=300.0, prefix_cache_hits=140.0,
-                    spec_decode_draft_tokens=390.0, spec_decode_accepted_tokens=180.0))
+    h.add(
+        0.0,
+        raw(
+            prefix_cache_queries=100.0,
+            prefix_cache_hits=40.0,
+            spec_decode_draft_tokens=90.0,
+            spec_decode_accepted_tokens=30.0,
+        ),
+    )
+    h.add(
+        60.0,
+        raw(
+            prefix_cache_queries=300.0,
+            prefix_cache_hits=140.0,
+            spec_decode_draft_tokens=390.0,
+            spec_decode_accepted_tokens=180.0,
+        ),
+    )
     d = h.derive()
     assert d.prefix_cache_hit_ratio == pytest.approx(0.5)
     assert d.spec_decode_acceptance_ratio == pytest.approx(0.5)
-    h.add(120.0, raw(prefix_cache_queries=300.0, prefix_cache_hits=140.0,
-                     spec_decode_draft_tokens=390.0, spec_decode_accepted_tokens=180.0))
+    h.add(
+        120.0,
+        raw(
+            prefix_cache_queries=300.0,
+            prefix_cache_hits=140.0,
+            spec_decode_draft_tokens=390.0,
+            spec_decode_accepted_tokens=180.0,
+        ),
+    )
     idle = h.derive()
     assert idle.prefix_cache_hit_ratio is None and idle.spec_decode_acceptance_ratio is None
 
@@ -104,10 +125,20 @@ def test_reported_ratios_stand_in_where_an_engine_has_no_counters() -> None:
 
 def test_offered_rate_counts_finished_rejected_and_queue_growth() -> None:
     h = History()
-    h.add(0.0, Raw(values={"requests_running": 4, "requests_waiting": 0, "rejected_requests": 0},
-                   maps={"requests": {"stop": 100.0, "length": 0.0}}))
-    h.add(60.0, Raw(values={"requests_running": 16, "requests_waiting": 8, "rejected_requests": 30},
-                    maps={"requests": {"stop": 280.0, "length": 20.0}}))
+    h.add(
+        0.0,
+        Raw(
+            values={"requests_running": 4, "requests_waiting": 0, "rejected_requests": 0},
+            maps={"requests": {"stop": 100.0, "length": 0.0}},
+        ),
+    )
+    h.add(
+        60.0,
+        Raw(
+            values={"requests_running": 16, "requests_waiting": 8, "rejected_requests": 30},
+            maps={"requests": {"stop": 280.0, "length": 20.0}},
+        ),
+    )
     # 200 finished + 30 rejected + 20 more in flight over 60 s
     assert h.derive().request_rate_per_second == pytest.approx(250 / 60)
 

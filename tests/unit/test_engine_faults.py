@@ -129,9 +129,7 @@ def huge_declared(h: BaseHTTPRequestHandler) -> None:
 
 
 def many_series(h: BaseHTTPRequestHandler) -> None:
-    body = "".join(
-        f'vllm:num_requests_running{{model_name="m{i}"}} 1\n' for i in range(100_000)
-    ).encode()
+    body = "".join(f'vllm:num_requests_running{{model_name="m{i}"}} 1\n' for i in range(100_000)).encode()
     assert len(body) < 8 * MiB  # under the size cap: the series cap must catch it
     send(h, 200, body)
 

@@ -176,6 +176,6 @@ def test_untyped_counters_read_like_typed_ones() -> None:
 
 
 def test_non_finite_values_are_dropped() -> None:
-    text = "vllm:num_requests_running{model_name=\"m\"} NaN\nvllm:num_requests_waiting{model_name=\"m\"} 2\n"
+    text = 'vllm:num_requests_running{model_name="m"} NaN\nvllm:num_requests_waiting{model_name="m"} 2\n'
     raw = only(normalize(list(text_string_to_metric_families(text))) or pytest.fail("none"))
     assert "requests_running" not in raw.values and raw.values["requests_waiting"] == 2

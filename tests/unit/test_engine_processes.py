@@ -77,8 +77,15 @@ def fake_vllm(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     (pkg / "api_server.py").write_text(SERVER)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port", str(port),
-         "--page", str(PAGE)],
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--port",
+            str(port),
+            "--page",
+            str(PAGE),
+        ],
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
         start_new_session=True,
     )
@@ -159,7 +166,8 @@ def test_discovery_and_configuration_of_one_engine_make_one_target(
     proc, port = fake_vllm
     found = [t for t in discovery.local_processes() if t.root_pid == proc.pid]
     scraper = EngineScraper(
-        ScrapeConfig(), [Target(url=f"http://localhost:{port}/metrics", kind="vllm")],
+        ScrapeConfig(),
+        [Target(url=f"http://localhost:{port}/metrics", kind="vllm")],
         discoverers=[lambda: found],
     )
     scraper.refresh()

@@ -41,11 +41,22 @@ def scenario(faults: list[dict[str, object]] | None = None) -> dict[str, object]
                 "name": "steady",
                 "duration": 3600,
                 "engine": {
-                    "request_rate": 5, "running": 20, "waiting": 3, "kv_usage": 0.6,
-                    "prompt_tps": 3000, "gen_tps": 900, "prefix_hit_ratio": 0.25,
-                    "ttft_s": 0.12, "itl_s": 0.03, "itl_jitter": 2.0, "e2e_s": 6,
-                    "api_cpu": 0.8, "preemption_rate": 0.5, "spec_draft_tps": 600,
-                    "spec_accept_ratio": 0.7, "rejection_rate": 0.2,
+                    "request_rate": 5,
+                    "running": 20,
+                    "waiting": 3,
+                    "kv_usage": 0.6,
+                    "prompt_tps": 3000,
+                    "gen_tps": 900,
+                    "prefix_hit_ratio": 0.25,
+                    "ttft_s": 0.12,
+                    "itl_s": 0.03,
+                    "itl_jitter": 2.0,
+                    "e2e_s": 6,
+                    "api_cpu": 0.8,
+                    "preemption_rate": 0.5,
+                    "spec_draft_tps": 600,
+                    "spec_accept_ratio": 0.7,
+                    "rejection_rate": 0.2,
                 },
             }
         ],
@@ -56,9 +67,17 @@ def scenario(faults: list[dict[str, object]] | None = None) -> dict[str, object]
 @pytest.fixture
 def sim() -> Iterator[tuple[Clock, Timeline, SimEngine]]:
     clock = Clock()
-    timeline = Timeline(parse(scenario([{"kind": "engine_down", "engine": "e", "at": 1000, "until": 1100},
-                                        {"kind": "engine_down", "engine": "e", "at": 2000, "until": 2100,
-                                         "error": "refuse"}])), clock=clock)
+    timeline = Timeline(
+        parse(
+            scenario(
+                [
+                    {"kind": "engine_down", "engine": "e", "at": 1000, "until": 1100},
+                    {"kind": "engine_down", "engine": "e", "at": 2000, "until": 2100, "error": "refuse"},
+                ]
+            )
+        ),
+        clock=clock,
+    )
     (engine,) = start_sim_engines(timeline)
     yield clock, timeline, engine
     engine.stop()
@@ -109,7 +128,8 @@ def test_the_page_uses_real_vllm_names_and_label_sets(sim: tuple[Clock, Timeline
             assert ours[name] == real[name], name
     # names only we serve are the speculative-decoding ones the CPU capture lacks
     assert {n for n in set(ours) - set(real)} <= {
-        "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
     }
 
 
@@ -160,8 +180,9 @@ def test_accelerated_time_gives_rates_in_scenario_seconds() -> None:
     timeline = Timeline(parse(scenario()), speed=60.0, clock=wall)
     (engine,) = start_sim_engines(timeline)
     try:
-        scraper = EngineScraper(ScrapeConfig(), [parse_spec(engine.target_spec)],
-                                clock=lambda: 1.7e9 + timeline.now())
+        scraper = EngineScraper(
+            ScrapeConfig(), [parse_spec(engine.target_spec)], clock=lambda: 1.7e9 + timeline.now()
+        )
         for _ in range(6):  # one wall second per step = one scenario minute
             wall.t += 1.0
             scraper.refresh()
