@@ -1,0 +1,229 @@
+"""CPU of one sampling cycle, measured in this process on the simulator's fake GPUs.
+
+    python bench/sampling.py SCENARIO_FILE [--budget SECONDS] [--max-passes K]
+    python bench/sampling.py SCENARIO_FILE --history-frames K [--budget SECONDS]
+
+Builds the exporter exactly as `serve --scenario-file` does (fake NVML library under
+pynvml, every default collector, the enrichers), without starting its threads. After a
+warm-up it runs K passes; in each one every collector runs once (as `Runner.step()`
+does, less its synchronous engine refresh), then the runner publishes. CPU is
+`time.process_time()` around each piece.
+Prints one JSON object on stdout; run.py turns it into the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import resource
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MICRO_CALLS = 2000
+
+
+def _repo_on_path() -> None:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+
+
+def measure(scenario_file: str, budget_s: float, max_passes: int, warmup: int = 3) -> dict[str, Any]:
+    _repo_on_path()
+    import pynvml
+    from fakecalls import Recorder, replay_seconds
+
+    from exporter import app
+    from exporter.collectors import NVML_MODULES
+    from exporter.collectors.base import REGISTRY
+    from exporter.config import load
+    from exporter.exposition import render
+
+    settings = load({"scenario_file": scenario_file, "interval": 1.0}, None)
+    exporter = app.build(settings)
+    runner = exporter.runner
+    lib = pynvml.nvmlLib
+    slots = list(runner._slots)  # the runner's own list: the same order step() uses
+    nvml_names = {
+        name for name, reg in REGISTRY.items() if reg.factory.__module__.rsplit(".", 1)[-1] in NVML_MODULES
+    }
+
+    def run(slot: Any) -> None:
+        # What the collector threads of a serving exporter do. (`step()` also calls the
+        # engines collector's refresh(), a synchronous scrape round that `serve` leaves to
+        # the scraper's own thread; it is not part of a serving cycle.)
+        runner.run_collector(slot)
+
+    for _ in range(warmup):
+        runner.step()
+
+    cpu: dict[str, float] = defaultdict(float)
+    publish_s = render_s = gzip_s = openmetrics_s = 0.0
+    passes = 0
+    started = time.process_time()
+    wall_started = time.monotonic()
+    rendered = runner.published
+    while passes < max_passes and (passes < 3 or time.monotonic() - wall_started < budget_s):
+        for slot in slots:
+            t0 = time.process_time()
+            run(slot)
+            cpu[slot.collector.name] += time.process_time() - t0
+        t0 = time.process_time()
+        rendered = runner.publish()
+        t1 = time.process_time()
+        again = render(rendered.snapshot)  # the exposition alone, on the same snapshot
+        t2 = time.process_time()
+        gzip.compress(again.text, compresslevel=6)
+        t3 = time.process_time()
+        again.openmetrics()  # what the first OpenMetrics scrape of a cycle costs
+        t4 = time.process_time()
+        publish_s += t1 - t0
+        render_s += t2 - t1
+        gzip_s += t3 - t2
+        openmetrics_s += t4 - t3
+        passes += 1
+    total_cpu = time.process_time() - started
+
+    # The fake's share: record one pass of every collector, replay it on the fake alone.
+    replay_passes = max(3, passes)
+    fake: dict[str, dict[str, float]] = {}
+    for slot in slots:
+        with Recorder(lib) as rec:
+            run(slot)
+        fake[slot.collector.name] = {
+            "calls": len(rec.calls),
+            "cpu_s": replay_seconds(rec.calls, replay_passes),
+        }
+
+    micro = micro_calls(pynvml, lib)
+    assert rendered is not None
+    text = rendered.text
+    result = {
+        "gpus": runner.gpu_count,
+        "passes": passes,
+        "measured_cpu_s": total_cpu,
+        "threads_alive": threading.active_count(),
+        "collectors": {
+            slot.collector.name: {
+                "nvml": slot.collector.name in nvml_names,
+                "interval_s": slot.collector.interval_s,
+                "cpu_s": cpu[slot.collector.name] / passes,
+                "fake_calls": fake[slot.collector.name]["calls"],
+                "fake_cpu_s": fake[slot.collector.name]["cpu_s"],
+            }
+            for slot in slots
+        },
+        "cycle_interval_s": settings.interval,
+        "publish_s": publish_s / passes,
+        "render_s": render_s / passes,
+        "gzip_s": gzip_s / passes,
+        "openmetrics_s": openmetrics_s / passes,
+        "text_bytes": len(text),
+        "gzip_bytes": len(rendered.text_gzip),
+        "series": sum(1 for line in text.splitlines() if line and not line.startswith(b"#")),
+        "micro": micro,
+        "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    }
+    exporter.close()
+    return result
+
+
+def history_growth(scenario_file: str, frames: int, budget_s: float) -> dict[str, Any]:
+    """Memory the diagnosis history takes as it fills, per one-second frame.
+
+    A serving exporter keeps `history_seconds` (900 by default) of frames; a benchmark
+    run serves for a few minutes only. Here scenario time is stepped by hand, one
+    second per frame: the per-second collectors run (the values move with scenario time,
+    as they would), the snapshot is composed and the enrichers (the diagnosis with its
+    history) run; rendering is left out, as it keeps nothing between cycles.
+    """
+    _repo_on_path()
+    import uvicorn  # noqa: F401 - what `serve` has loaded before it samples anything
+
+    from exporter import app, server  # noqa: F401
+    from exporter.config import load
+
+    imports = _rss_kib()
+    settings = load({"scenario_file": scenario_file, "interval": 1.0}, None)
+    clock = app.ManualClock()
+    exporter = app.build(settings, scenario_clock=clock)
+    runner = exporter.runner
+    fast = [slot for slot in runner._slots if slot.collector.interval_s <= settings.interval]
+    for _ in range(3):
+        runner.step()
+        clock.t += 1.0
+    before = _rss_kib()
+    started = time.monotonic()
+    done = 0
+    while done < frames and time.monotonic() - started < budget_s:
+        for slot in fast:
+            runner.run_collector(slot)
+        snapshot = runner.compose()
+        for enrich in runner.enrichers:
+            snapshot = snapshot.with_node(enrich(snapshot))
+        clock.t += 1.0
+        done += 1
+    after = _rss_kib()
+    exporter.close()
+    return {
+        "history_seconds": settings.history_seconds,
+        "frames": done,
+        "rss_imports_kib": imports,
+        "rss_before_kib": before,
+        "rss_after_kib": after,
+        "kib_per_frame": (after - before) / done if done else 0.0,
+    }
+
+
+def _rss_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def micro_calls(pynvml: Any, lib: Any) -> dict[str, float]:
+    """One NVML call, through pynvml vs the fake's function alone (seconds per call)."""
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    t0 = time.process_time()
+    for _ in range(MICRO_CALLS):
+        pynvml.nvmlDeviceGetPowerUsage(handle)
+    through_pynvml = (time.process_time() - t0) / MICRO_CALLS
+    import ctypes
+
+    out = ctypes.c_uint()
+    ref = ctypes.byref(out)
+    fn = lib.nvmlDeviceGetPowerUsage
+    t0 = time.process_time()
+    for _ in range(MICRO_CALLS):
+        fn(handle, ref)
+    fake_only = (time.process_time() - t0) / MICRO_CALLS
+    return {"pynvml_call_s": through_pynvml, "fake_call_s": fake_only}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("scenario_file")
+    p.add_argument("--budget", type=float, default=10.0, help="wall seconds of measured passes (>= 3 passes)")
+    p.add_argument("--max-passes", type=int, default=200)
+    p.add_argument(
+        "--history-frames",
+        type=int,
+        metavar="K",
+        help="instead: fill the diagnosis history with up to K one-second frames (within --budget)",
+    )
+    args = p.parse_args()
+    if args.history_frames:
+        print(json.dumps(history_growth(args.scenario_file, args.history_frames, args.budget)))
+    else:
+        print(json.dumps(measure(args.scenario_file, args.budget, args.max_passes)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
