@@ -58,11 +58,15 @@ def create_app(runner: Runner, web: WebConfig | None = None) -> FastAPI:
         if rendered is None:
             return PlainTextResponse("no sample yet\n", status_code=503)
         runner.stats.scrapes += 1
+        gzip_ok = "gzip" in request.headers.get("accept-encoding", "")
         if "application/openmetrics-text" in request.headers.get("accept", ""):
-            return Response(rendered.openmetrics(), media_type=OPENMETRICS)
-        if "gzip" in request.headers.get("accept-encoding", ""):
-            return Response(rendered.text_gzip, headers={"content-type": TEXT, "content-encoding": "gzip"})
-        return Response(rendered.text, headers={"content-type": TEXT})
+            body, media = (rendered.openmetrics_gzip if gzip_ok else rendered.openmetrics), OPENMETRICS
+        else:
+            body, media = (rendered.text_gzip if gzip_ok else rendered.text), TEXT
+        headers = {"content-type": media, "vary": "accept, accept-encoding"}
+        if gzip_ok:
+            headers["content-encoding"] = "gzip"
+        return Response(body, headers=headers)
 
     @app.get("/healthz")
     def healthz() -> PlainTextResponse:

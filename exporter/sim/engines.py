@@ -377,10 +377,11 @@ class SimEngine:
             out.append(f"# TYPE vllm:{h.name} histogram")
             head = f'vllm:{h.name}_bucket{{engine="0",le='
             tail = f',model_name="{model}"}}'
+            whole = math.floor(count)  # observations are whole requests, as on a real server
             for bound, value in zip(h.bounds, buckets, strict=True):
-                out.append(f'{head}"{_num(bound)}"{tail} {_num(min(value, count))}')
-            out.append(f'{head}"+Inf"{tail} {_num(count)}')
-            out.append(f"vllm:{h.name}_count{{{labels}}} {_num(count)}")
+                out.append(f'{head}"{_num(bound)}"{tail} {_num(math.floor(min(value, count)))}')
+            out.append(f'{head}"+Inf"{tail} {_num(whole)}')
+            out.append(f"vllm:{h.name}_count{{{labels}}} {_num(whole)}")
             out.append(f"vllm:{h.name}_sum{{{labels}}} {_num(total)}")
         cfg = {
             "block_size": str(spec.block_size),
