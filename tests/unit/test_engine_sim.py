@@ -153,7 +153,8 @@ def test_scraped_values_follow_the_timeline(sim: tuple[Clock, Timeline, SimEngin
     assert 0.025 < (s.quantile("itl", 0.5) or 0) <= 0.05  # itl_s 0.03
     assert 0.05 < (s.quantile("itl", 0.99, "5m") or 0) <= 0.075  # p99 = 0.03 * itl_jitter 2
     assert (s.quantile("ttft", 0.5, "1m"), s.quantile("itl", 0.5, "1m")) == pytest.approx(
-        (s.quantile("ttft", 0.5, "5m"), s.quantile("itl", 0.5, "5m")), rel=0.01  # whole-request counts
+        (s.quantile("ttft", 0.5, "5m"), s.quantile("itl", 0.5, "5m")),
+        rel=0.01,  # whole-request counts
     ), "a steady phase has the same quantiles over 1 and 5 minutes"
     # the API server's CPU comes from the timeline via process_cpu_seconds_total
     assert {p.role: p.cpu_ratio for p in t.processes} == {"api_server": pytest.approx(0.8)}
