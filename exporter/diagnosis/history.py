@@ -18,8 +18,13 @@ V = TypeVar("V")
 Getter = Callable[[T], float | None]
 
 
+DENSE_S = 120.0  # frames this recent are all kept: rates and hold times need them
+SPARSE_STEP_S = 10.0  # older frames, kept for trends and the page's charts, are this far apart
+
+
 class History:
-    """Frames of the last `span_s` seconds, oldest first."""
+    """Frames of the last `span_s` seconds, oldest first: every frame of the last two
+    minutes, one every ten seconds before that (a 72-GPU frame is ~50 KiB)."""
 
     def __init__(self, span_s: float, max_frames: int = 8192) -> None:
         self.span_s = span_s
@@ -35,11 +40,22 @@ class History:
             self._times.pop()
         self._frames.append(frame)
         self._times.append(frame.taken_at)
+        self._thin(frame.taken_at - DENSE_S)
         drop = bisect.bisect_left(self._times, frame.taken_at - self.span_s)
         drop = max(drop, len(self._frames) - self.max_frames)
         if drop > 0:
             del self._frames[:drop]
             del self._times[:drop]
+
+    def _thin(self, boundary: float) -> None:
+        """Drop frames that left the dense window too close to the frame before them."""
+        i = bisect.bisect_left(self._times, boundary) - 1
+        while i >= 1:
+            if self._times[i] - self._times[i - 1] >= SPARSE_STEP_S:
+                break
+            del self._frames[i]
+            del self._times[i]
+            i -= 1
 
     def clear(self) -> None:
         self._frames.clear()
