@@ -284,6 +284,8 @@ class EngineScraper:
             await self._discover()
         with self._lock:
             states = list(self._states.values())
+        if not states:
+            return  # making a client loads the CA bundle (~20 ms): not for nothing to scrape
         own = client is None
         http = self._client() if client is None else client
         try:
