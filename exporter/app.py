@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from exporter import collectors
 from exporter.collectors.base import Context
 from exporter.config import Settings, replace
-from exporter.nvml import Nvml, NvmlUnavailable
-from exporter.runner import Enricher, Runner
+from exporter.diagnosis.engine import Diagnoser
+from exporter.engines.attribution import engine_gpus
+from exporter.nvml import Nvml
+from exporter.runner import Attribution, Enricher, Runner
 from exporter.sim import fakenvml
 from exporter.sim.engines import start_sim_engines
 from exporter.sim.scenario import Scenario, Timeline, load_builtin, load_file
@@ -34,19 +36,23 @@ class ManualClock:
 @dataclass
 class Exporter:
     runner: Runner
-    nvml: Nvml | None
+    nvml: Nvml
     timeline: Timeline | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
         self.runner.stop()
-        for close in reversed(self.closers):
-            with contextlib.suppress(Exception):
-                close()
-        if self.nvml is not None:
-            self.nvml.shutdown()
-        if self.timeline is not None:
-            fakenvml.uninstall()
+        _release(self.closers, self.nvml, self.timeline)
+
+
+def _release(closers: list[Callable[[], None]], nvml: Nvml | None, timeline: Timeline | None) -> None:
+    for close in reversed(closers):
+        with contextlib.suppress(Exception):
+            close()
+    if nvml is not None:
+        nvml.shutdown()
+    if timeline is not None:
+        fakenvml.uninstall()
 
 
 def load_scenario(settings: Settings) -> Scenario | None:
@@ -59,16 +65,21 @@ def load_scenario(settings: Settings) -> Scenario | None:
 
 def enrichers(settings: Settings) -> list[Enricher]:
     """Whole-snapshot steps, in order: the engine-GPU join, then the diagnosis."""
-    found: list[Enricher] = []
-    with contextlib.suppress(ImportError):
-        from exporter.engines.attribution import engine_gpus
+    return [engine_gpus, Diagnoser(history_seconds=settings.history_seconds)]
 
-        found.append(engine_gpus)
-    with contextlib.suppress(ImportError):
-        from exporter.diagnosis.engine import Diagnoser
 
-        found.append(Diagnoser(history_seconds=settings.history_seconds))
-    return found
+def pod_attribution(socket: str, closers: list[Callable[[], None]]) -> Attribution:
+    """GPU uuid -> namespace/pod/container, from the kubelet, refreshed in the background."""
+    from exporter.k8s.podresources import PodResourcesWatcher  # needs grpcio: only when asked
+
+    watcher = PodResourcesWatcher(socket)
+    closers.append(watcher.stop)
+
+    def labels(uuid: str) -> dict[str, str]:
+        ref = watcher.lookup(uuid)
+        return {} if ref is None else {"namespace": ref.namespace, "pod": ref.pod, "container": ref.container}
+
+    return labels
 
 
 def build(settings: Settings, *, scenario_clock: Callable[[], float] | None = None) -> Exporter:
@@ -84,45 +95,31 @@ def build(settings: Settings, *, scenario_clock: Callable[[], float] | None = No
         fakenvml.install(timeline)
         epoch = time.time()
         clock = lambda: epoch + timeline.now()  # noqa: E731 - scenario time on the epoch
+    closers: list[Callable[[], None]] = []
+    nvml = None
     try:
         nvml = Nvml()
-    except NvmlUnavailable:
-        if timeline is not None:
-            fakenvml.uninstall()
+        if timeline is not None and timeline.scenario.engines:
+            # The scenario's engines serve vLLM-format /metrics on loopback; they are scraped
+            # like any static target, their simulated pids riding along in the target spec.
+            engines = start_sim_engines(timeline)
+            closers.extend(e.stop for e in engines)
+            settings = replace(settings, engines=(*settings.engines, *(e.target_spec for e in engines)))
+        runner = Runner(
+            collectors.build(Context(settings=settings, nvml=nvml, clock=clock)),
+            interval=settings.interval,
+            gpu_count=nvml.count,
+            enrichers=enrichers(settings),
+            clock=clock,
+            simulated=timeline is not None,
+            attribution=pod_attribution(settings.kubelet_socket, closers)
+            if settings.kubelet_socket
+            else None,
+        )
+    except BaseException:
+        _release(closers, nvml, timeline)
         raise
-    exporter = Exporter(runner=None, nvml=nvml, timeline=timeline)  # type: ignore[arg-type]
-    if timeline is not None and timeline.scenario.engines:
-        # The scenario's engines serve vLLM-format /metrics on loopback; they are scraped
-        # like any static target, their simulated pids riding along in the target spec.
-        engines = start_sim_engines(timeline)
-        exporter.closers.extend(e.stop for e in engines)
-        settings = replace(settings, engines=(*settings.engines, *(e.target_spec for e in engines)))
-    ctx = Context(settings=settings, nvml=nvml, clock=clock)
-    attribution: Callable[[str], dict[str, str]] | None = None
-    if settings.kubelet_socket:
-        from exporter.k8s.podresources import PodResourcesWatcher
-
-        watcher = PodResourcesWatcher(settings.kubelet_socket)
-        exporter.closers.append(watcher.stop)
-
-        def attribution(uuid: str) -> dict[str, str]:
-            ref = watcher.lookup(uuid)
-            return (
-                {}
-                if ref is None
-                else {"namespace": ref.namespace, "pod": ref.pod, "container": ref.container}
-            )
-
-    exporter.runner = Runner(
-        collectors.build(ctx),
-        interval=settings.interval,
-        gpu_count=nvml.count,
-        enrichers=enrichers(settings),
-        clock=clock,
-        simulated=timeline is not None,
-        attribution=attribution,
-    )
-    return exporter
+    return Exporter(runner=runner, nvml=nvml, timeline=timeline, closers=closers)
 
 
 def simulate(settings: Settings, step_s: float = 5.0) -> Iterator[Snapshot]:

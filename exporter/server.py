@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import time
 from typing import Any
@@ -12,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from exporter import __version__
+from exporter.diagnosis.routes import router as diagnosis_router
 from exporter.exposition import OPENMETRICS, TEXT
 from exporter.runner import Runner
 from exporter.snapshot import Snapshot
@@ -95,10 +95,7 @@ def create_app(runner: Runner, web: WebConfig | None = None) -> FastAPI:
             json.dumps(snapshot_json(rendered.snapshot), default=str), media_type="application/json"
         )
 
-    if importlib.util.find_spec("exporter.diagnosis.routes") is not None:
-        from exporter.diagnosis.routes import router
-
-        app.include_router(router(lambda: runner.published.snapshot if runner.published else None))
+    app.include_router(diagnosis_router(lambda: runner.published.snapshot if runner.published else None))
 
     if web is not None and (web.users or web.require_client_cert):
 

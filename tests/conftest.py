@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 
 from exporter import app
-from exporter.collectors import load_all
-from exporter.collectors.base import REGISTRY
 from exporter.config import Settings
 
 
@@ -39,9 +37,7 @@ def sim(tmp_path: Path) -> Iterator[object]:
     def make(scenario: str, **settings: object) -> Sim:
         path = tmp_path / "scenario.yaml"
         path.write_text(textwrap.dedent(scenario))
-        load_all()
-        node_only = tuple(n for n in ("engines", "allocator") if n in REGISTRY)
-        defaults: dict[str, object] = {"collectors_disabled": node_only}
+        defaults: dict[str, object] = {"collectors_disabled": ("engines", "allocator")}
         s = Settings(scenario_file=str(path), **{**defaults, **settings})  # type: ignore[arg-type]
         clock = app.ManualClock()
         made.append(Sim(app.build(s, scenario_clock=clock), clock))

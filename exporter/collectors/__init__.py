@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import logging
 
 from exporter.collectors.base import REGISTRY, Collector, Context
@@ -16,8 +15,7 @@ NODE_MODULES = ("engines", "allocator")
 
 def load_all() -> None:
     for module in (*NVML_MODULES, *NODE_MODULES):
-        if importlib.util.find_spec(f"exporter.collectors.{module}") is not None:
-            importlib.import_module(f"exporter.collectors.{module}")
+        importlib.import_module(f"exporter.collectors.{module}")
 
 
 def build(ctx: Context) -> list[Collector]:

@@ -131,7 +131,7 @@ def test_oci_labels() -> None:
     labels = labels_of(final_stage())
     for key in ("title", "description", "version", "revision", "created", "licenses"):
         assert labels.get(f"org.opencontainers.image.{key}"), key
-    assert labels["org.opencontainers.image.licenses"] == PYPROJECT["project"]["license"]["text"]
+    assert labels["org.opencontainers.image.licenses"] == PYPROJECT["project"]["license"]
     args = {a.split("=", 1)[0]: a.split("=", 1)[1] for k, a in final_stage() if k == "ARG"}
     assert args["VERSION"] == PYPROJECT["project"]["version"]
 
