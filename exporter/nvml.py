@@ -61,6 +61,7 @@ class Nvml:
                 f"NVML is not available ({error_name(err)}): no NVIDIA driver is loaded on this host"
             ) from err
         self._handles: dict[int, Any] = {}
+        self._index_by_address: dict[int, int] = {}
         self._lock = threading.Lock()
         self._missing_logged: set[str] = set()
         self._variant: dict[str, int] = {}
@@ -84,17 +85,17 @@ class Nvml:
                 raise NvmlError("NotSupported", "nvmlDeviceGetHandleByIndex")
             with self._lock:
                 self._handles[index] = h
+                self._index_by_address[ctypes.cast(h, ctypes.c_void_p).value or 0] = index
         return h
 
     def index_of(self, handle: Any) -> int | None:
-        """The GPU index of a handle that NVML handed back (event data)."""
-        address = ctypes.cast(handle, ctypes.c_void_p).value
+        """The GPU index of a handle that NVML handed back (event data).
+
+        Remembered for every handle ever fetched, not only the current ones: an XID 79
+        arrives just as its GPU falls off the bus and its handle is being dropped.
+        """
         with self._lock:
-            known = list(self._handles.items())
-        for index, h in known:
-            if ctypes.cast(h, ctypes.c_void_p).value == address:
-                return index
-        return None
+            return self._index_by_address.get(ctypes.cast(handle, ctypes.c_void_p).value or 0)
 
     def forget(self, index: int) -> None:
         with self._lock:

@@ -218,3 +218,19 @@ def test_no_driver_is_reported_clearly() -> None:
     fakenvml.uninstall()
     with pytest.raises(NvmlUnavailable, match="no NVIDIA driver"):
         Nvml()
+
+
+def test_xid_of_a_gpu_that_falls_off_the_bus_is_kept(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(
+        H100
+        + """
+faults:
+  - {kind: xid, gpu: 1, xid: 79, at: 10, until: 11}
+  - {kind: lost, gpu: 1, at: 10}
+"""
+    )
+    s.at(5)
+    snap = s.at(12)  # the other collectors drop the lost GPU's handle before the XID is read
+    assert not snap.gpu(1).up
+    assert snap.gpu(1).get(Xid).counts[79] == 1
+    assert 'llmgpu_gpu_xid_errors_total{gpu="1",uuid="' in s.text()
