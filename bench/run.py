@@ -6,16 +6,18 @@ For each GPU count it writes a steady-load scenario (H100 SXM, no inference engi
 GPU sampling is what is measured) and then, in this order:
 
 1. sampling CPU, in a fresh subprocess (bench/sampling.py): every collector's CPU per
-   run, the publish step (compose, enrichers, render) and the fake library's own share;
-   nvitop-exporter's update loop is timed the same way (bench/nvitop_on_fake.py);
-2. the memory one second of diagnosis history takes (bench/sampling.py
-   --history-frames), to project our RSS once the history is full;
+   run, the publish step (compose, enrichers, and the render of both formats with their
+   gzip bodies) and the fake library's own share; nvitop-exporter's update loop is timed
+   the same way (bench/nvitop_on_fake.py);
+2. the memory the diagnosis history takes once it holds its whole span (bench/sampling.py
+   --history), to project our RSS at steady state;
 3. both exporters served as real subprocesses on loopback against the same fake GPUs:
    process CPU over the same idle wall window (no scrapes), the series each exposes,
    then /metrics latency with one keep-alive client and with 10 concurrent scrapers, for
-   a plain request, a gzip request and the headers Prometheus sends, in rounds that
-   alternate between the exporters; the one not being measured is paused (SIGSTOP), so
-   the two never compete for the cores; finally one scrape per publish cycle;
+   a plain request, a gzip request and the request Prometheus sends (OpenMetrics first,
+   gzip), and one Prometheus request per publish cycle, in rounds that alternate between
+   the exporters; the one not being measured is paused (SIGSTOP), so the two never
+   compete for the cores;
 4. peak RSS (VmHWM) of each server.
 
 This is a benchmark, not a test: nothing fails when a target is missed; the report says
@@ -53,6 +55,7 @@ import psutil
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 DEFAULT_COUNTS = (1, 8, 72)
+OURS, REF = "llm-gpu-exporter", "nvitop-exporter"
 SCRAPERS = 10
 # What Prometheus 2.x sends by default (scrape.go, scrapeAcceptHeader); its HTTP client
 # also asks for gzip.
@@ -100,7 +103,7 @@ class Plan:
     cpu_window_s: float
     sampling_s: float  # wall budget of the measured sampling passes
     nvitop_cycles: int
-    spaced: int  # scrapes one publish cycle apart
+    spaced: int  # Prometheus requests one publish cycle apart, all rounds together
     rounds: int  # the latency phases are split into this many interleaved rounds
     history_s: float  # wall budget for filling the diagnosis history in-process
 
@@ -112,9 +115,9 @@ FULL = Plan(
     cpu_window_s=15.0,
     sampling_s=6.0,
     nvitop_cycles=30,
-    spaced=5,
+    spaced=16,
     rounds=4,
-    history_s=15.0,
+    history_s=60.0,
 )
 QUICK = Plan(
     sequential=40,
@@ -123,10 +126,11 @@ QUICK = Plan(
     cpu_window_s=5.0,
     sampling_s=2.0,
     nvitop_cycles=8,
-    spaced=3,
+    spaced=2,
     rounds=2,
-    history_s=3.0,
+    history_s=5.0,
 )
+ORDINAL = {1: "", 2: "second ", 3: "third ", 4: "fourth "}
 SPACED_GAP_S = 1.1  # longer than the 1 s publish interval: every scrape meets a fresh cycle
 SETTLE_S = 1.5
 
@@ -194,6 +198,10 @@ class Server:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/metrics"
+
+    @property
+    def healthz(self) -> str:
+        return f"http://127.0.0.1:{self.port}/healthz"
 
     def pause(self) -> None:
         self.proc.send_signal(signal.SIGSTOP)
@@ -284,24 +292,72 @@ def wait_ready(server: Server, gpus: int, timeout_s: float = 90.0) -> None:
     raise RuntimeError(f"{server.name} was not ready after {timeout_s:.0f} s")
 
 
+class Contention:
+    """CPU the whole machine spent (from /proc/stat, steal included) against what this
+    benchmark spent (this process and every child it has reaped), over a span of time."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.busy0 = self._busy()
+        self.own0 = self._own()
+
+    @staticmethod
+    def _busy() -> float:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _own() -> float:
+        t = psutil.Process().cpu_times()
+        return float(t.user + t.system + t.children_user + t.children_system)
+
+    def result(self) -> dict[str, float]:
+        """Cores used on average: by the benchmark, and by everything else on the machine.
+        Call it once every child started since has been reaped."""
+        wall = time.monotonic() - self.t0
+        busy = self._busy() - self.busy0
+        own = self._own() - self.own0
+        return {"wall_s": wall, "ours_cores": own / wall, "others_cores": max(0.0, busy - own) / wall}
+
+
 # ---- scraping ------------------------------------------------------------------------------
 
 
-def _scrape(client: httpx.Client, url: str, headers: dict[str, str]) -> tuple[float, int]:
-    """Seconds until the whole body (as sent, not decoded) has arrived, and its size."""
+@dataclass(frozen=True)
+class Reply:
+    seconds: float  # until the whole body (as sent, not decoded) has arrived
+    size: int  # bytes of the body as sent
+    served: str  # what came back: the format and the content encoding
+
+
+def served_as(headers: httpx.Headers) -> str:
+    kind = headers.get("content-type", "").split(";")[0].strip()
+    fmt = {"application/openmetrics-text": "OpenMetrics", "text/plain": "text format"}.get(kind, kind)
+    return f"{fmt}, {headers.get('content-encoding', 'identity')}"
+
+
+def _scrape(client: httpx.Client, url: str, headers: dict[str, str]) -> Reply:
     t0 = time.perf_counter()
     with client.stream("GET", url, headers=headers) as r:
         size = sum(len(chunk) for chunk in r.iter_raw())
         if r.status_code != 200:
             raise RuntimeError(f"{url}: HTTP {r.status_code}")
-    return time.perf_counter() - t0, size
+    return Reply(time.perf_counter() - t0, size, served_as(r.headers))
 
 
 @dataclass
 class Latency:
     seconds: list[float] = field(default_factory=list)
     size: int = 0
+    served: str = ""
     wall_s: float = 0.0
+    offsets: list[float] = field(default_factory=list)  # seconds from the nearest publish end
+
+    def add(self, reply: Reply) -> None:
+        self.seconds.append(reply.seconds)
+        self.size = reply.size
+        self.served = reply.served
 
     def p(self, q: float) -> float:
         """Nearest-rank percentile, in milliseconds."""
@@ -323,8 +379,7 @@ def sequential(
     start_t = time.monotonic()
     done = 0
     while done < n and time.monotonic() - start_t < cap_s:
-        s, into.size = _scrape(client, url, headers)
-        into.seconds.append(s)
+        into.add(_scrape(client, url, headers))
         done += 1
     into.wall_s += time.monotonic() - start_t
 
@@ -336,17 +391,15 @@ def concurrent(url: str, headers: dict[str, str], each: int, cap_s: float, into:
     deadline: list[float] = []
 
     def scraper() -> None:
-        mine: list[float] = []
-        size = 0
+        mine: list[Reply] = []
         with httpx.Client(timeout=30.0) as client:
             _scrape(client, url, headers)
             barrier.wait()
             while len(mine) < each and time.monotonic() < deadline[0]:
-                s, size = _scrape(client, url, headers)
-                mine.append(s)
+                mine.append(_scrape(client, url, headers))
         with lock:
-            into.seconds.extend(mine)
-            into.size = size or into.size
+            for reply in mine:
+                into.add(reply)
 
     threads = [threading.Thread(target=scraper, daemon=True) for _ in range(SCRAPERS)]
     for t in threads:
@@ -358,6 +411,18 @@ def concurrent(url: str, headers: dict[str, str], each: int, cap_s: float, into:
     for t in threads:
         t.join(cap_s + 60)
     into.wall_s += time.monotonic() - start_t
+
+
+def publish_offset(client: httpx.Client, server: Server, began: float) -> float:
+    """Where in our publish cycle a request began: seconds after the end of the nearest
+    publish step (negative: before it), from /readyz's sample age, asked just after.
+
+    `rendered_at` is taken on the monotonic clock, which this process shares."""
+    asked = time.monotonic()
+    age = float(client.get(f"http://127.0.0.1:{server.port}/readyz").json()["sample_age_seconds"])
+    end = (asked + time.monotonic()) / 2 - age  # the latest publish end
+    off = (began - end) % 1.0  # the interval is 1 s
+    return off - 1.0 if off >= 0.5 else off
 
 
 @contextlib.contextmanager
@@ -388,18 +453,19 @@ def latencies(servers: Sequence[Server], plan: Plan, gpus: int) -> dict[str, dic
         s.name: {
             "one": {m: Latency() for m in MODES},
             "ten": {m: Latency() for m in MODES},
-            "cycle": {"prometheus": Latency()},
+            "cycle": {"prometheus": Latency(), "healthz": Latency()},
         }
         for s in servers
     }
     clients = {s.name: httpx.Client(timeout=30.0) for s in servers}
     n = math.ceil(plan.sequential / plan.rounds)
     each = math.ceil(plan.concurrent_each / plan.rounds)
+    spaced = math.ceil(plan.spaced / plan.rounds)
     cap = plan.phase_s / plan.rounds
     try:
         for s in servers:
             with alone(s, servers):
-                for headers in MODES.values():  # connection, caches, first OpenMetrics rendering
+                for headers in MODES.values():  # connection, first requests of each kind
                     for _ in range(3):
                         _scrape(clients[s.name], s.url, headers)
         for r in range(plan.rounds):
@@ -410,14 +476,16 @@ def latencies(servers: Sequence[Server], plan: Plan, gpus: int) -> dict[str, dic
                         sequential(clients[s.name], s.url, headers, n, cap, out[s.name]["one"][mode])
                     for mode, headers in MODES.items():
                         concurrent(s.url, headers, each, cap, out[s.name]["ten"][mode])
-        log(f"{gpus} GPU(s): one scrape per cycle")
-        for _ in range(plan.spaced):
-            for s in servers:
-                with alone(s, servers):
-                    time.sleep(SPACED_GAP_S)
-                    lat = out[s.name]["cycle"]["prometheus"]
-                    sec, lat.size = _scrape(clients[s.name], s.url, MODES["prometheus"])
-                    lat.seconds.append(sec)
+                    for _ in range(spaced):  # as Prometheus scrapes: each meets a new cycle
+                        time.sleep(SPACED_GAP_S)
+                        began = time.monotonic()
+                        lat = out[s.name]["cycle"]["prometheus"]
+                        lat.add(_scrape(clients[s.name], s.url, MODES["prometheus"]))
+                        if s.name == OURS:
+                            lat.offsets.append(publish_offset(clients[s.name], s, began))
+                            # the same pause before a request that does nothing
+                            time.sleep(SPACED_GAP_S)
+                            out[s.name]["cycle"]["healthz"].add(_scrape(clients[s.name], s.healthz, {}))
     finally:
         for c in clients.values():
             c.close()
@@ -499,11 +567,14 @@ def sampling_summary(raw: dict[str, Any]) -> dict[str, Any]:
         "publish_ms": raw["publish_s"] * 1000,
         "render_ms": raw["render_s"] * 1000,
         "gzip_ms": raw["gzip_s"] * 1000,
-        "openmetrics_ms": raw["openmetrics_s"] * 1000,
+        "gzip_level": raw["gzip_level"],
         "cycle_ms": (collect + raw["publish_s"]) * 1000
         + sum(c["cpu_s"] * share(c) for c in node.values()) * 1000,
+        "period_runs": raw["period_runs"],
         "text_bytes": raw["text_bytes"],
-        "gzip_bytes": raw["gzip_bytes"],
+        "text_gzip_bytes": raw["text_gzip_bytes"],
+        "openmetrics_bytes": raw["openmetrics_bytes"],
+        "openmetrics_gzip_bytes": raw["openmetrics_gzip_bytes"],
         "micro": raw["micro"],
         "collectors": raw["collectors"],
         "threads_alive": raw["threads_alive"],
@@ -513,6 +584,7 @@ def sampling_summary(raw: dict[str, Any]) -> dict[str, Any]:
 def bench_count(gpus: int, plan: Plan, workdir: Path, with_nvitop: bool) -> dict[str, Any]:
     scenario = write_scenario(workdir, gpus)
     result: dict[str, Any] = {"gpus": gpus, "load": [os.getloadavg()[0]]}
+    contention = Contention()
     log(f"{gpus} GPU(s): sampling CPU")
     raw = run_json(
         [str(BENCH / "sampling.py"), str(scenario), "--budget", str(plan.sampling_s)], timeout_s=240
@@ -530,14 +602,7 @@ def bench_count(gpus: int, plan: Plan, workdir: Path, with_nvitop: bool) -> dict
 
     log(f"{gpus} GPU(s): diagnosis history")
     result["history"] = run_json(
-        [
-            str(BENCH / "sampling.py"),
-            str(scenario),
-            "--history-frames",
-            "900",
-            "--budget",
-            str(plan.history_s),
-        ],
+        [str(BENCH / "sampling.py"), str(scenario), "--history", "--budget", str(plan.history_s)],
         timeout_s=240,
     )
 
@@ -572,6 +637,7 @@ def bench_count(gpus: int, plan: Plan, workdir: Path, with_nvitop: bool) -> dict
         for s in servers:
             s.stop()
     result["load"].append(os.getloadavg()[0])
+    result["contention"] = contention.result()
     return result
 
 
@@ -649,8 +715,8 @@ def verdict(ok: bool) -> str:
     return "**met**" if ok else "**not met**"
 
 
-OURS, REF = "llm-gpu-exporter", "nvitop-exporter"
-MODE_LABELS = (("plain", "plain"), ("gzip", "gzip"), ("prometheus", "Prometheus' headers"))
+MODE_LABELS = (("plain", "plain"), ("gzip", "gzip"), ("prometheus", "Prometheus' request"))
+MODE_SHORT = (("plain", "plain"), ("gzip", "gzip"), ("prometheus", "Prometheus"))
 
 
 class Doc:
@@ -677,13 +743,21 @@ class Doc:
         return "\n".join(self.lines).rstrip() + "\n"
 
 
+def frames_held(h: dict[str, Any], seconds: float) -> float:
+    """Frames the diagnosis history holds after `seconds` of one-second cycles: every one
+    of the last `dense_s`, one per `sparse_step_s` before, at most `history_seconds`."""
+    t = min(seconds, float(h["history_seconds"]))
+    dense = min(t, float(h["dense_s"]))
+    return dense + (t - dense) / float(h["sparse_step_s"])
+
+
 def projected_rss_kib(r: dict[str, Any]) -> float:
     """Our peak RSS once the diagnosis history is full: what was measured, plus the
-    growth per one-second frame (measured in-process) for the frames not yet kept."""
+    memory per held frame (measured in-process, history filled to its steady state) for
+    the frames the served exporter did not hold yet."""
     h = r["history"]
-    full = float(h["history_seconds"])  # one frame per 1 s cycle
-    kept = min(full, float(r["ours_running_s"]))
-    return float(r["rss_kib"][OURS]["VmHWM"] + h["kib_per_frame"] * max(0.0, full - kept))
+    missing = frames_held(h, h["history_seconds"]) - frames_held(h, float(r["ours_running_s"]))
+    return float(r["rss_kib"][OURS]["VmHWM"] + h["kib_per_frame"] * max(0.0, missing))
 
 
 def plan_of(meta: dict[str, Any]) -> Plan:
@@ -724,11 +798,14 @@ def machine_section(d: Doc, meta: dict[str, Any], with_ref: bool) -> None:
         f"- CPU: {m['cpu']}, {m['cores']} cores ({m['affinity']} usable by the benchmark), "
         f"{m['memory_gib']:.0f} GiB memory; Linux {m['kernel']}; Python {m['python']}; no GPU."
     )
+    c = meta["contention"]
     d(
-        "- **The two cores are shared**: other engineers' test suites ran on them during the run "
-        f"(1-minute load average {meta['load_before']:.2f} at the start, {meta['load_after']:.2f} "
-        "at the end), so absolute figures carry that noise, tails most of all. Compare the two "
-        "exporters within this run rather than with another run."
+        f"- **The {m['cores']} cores are shared** with other people's test suites: over the run, "
+        f"other processes used {c['others_cores']:.2f} of them on average and this benchmark "
+        f"{c['ours_cores']:.2f} (from /proc/stat, steal time included; 1-minute load average "
+        f"{meta['load_before']:.2f} at the start, {meta['load_after']:.2f} at the end; each GPU "
+        "count's part below says the same for its own span). Absolute figures carry that noise, "
+        "tails most of all. Compare the two exporters within this run rather than with another run."
     )
     d(
         "- Both exporters read the simulator's fake NVML library (`exporter/sim/fakenvml.py`) "
@@ -741,6 +818,33 @@ def machine_section(d: Doc, meta: dict[str, Any], with_ref: bool) -> None:
     d("")
 
 
+def spot(offset: float) -> str:
+    """Where a request began, against the end of the nearest publish step."""
+    return f"begun {abs(offset) * 1000:.0f} ms {'before' if offset < 0 else 'after'} a publish step ended"
+
+
+def slow_spots(lat: Latency, factor: float = 2.0) -> list[tuple[float, float]]:
+    """(milliseconds, offset) of the requests slower than `factor` times the median."""
+    if not lat.offsets:
+        return []
+    limit = factor * lat.p(50) / 1000
+    return sorted(
+        ((sec * 1000, off) for sec, off in zip(lat.seconds, lat.offsets, strict=True) if sec > limit),
+        reverse=True,
+    )
+
+
+def verdicts(values: dict[str, float], limit: float) -> str:
+    """One verdict for several request kinds: which of them met the limit."""
+    met = [label for label, v in values.items() if v <= limit]
+    missed = [label for label, v in values.items() if not v <= limit]
+    if not missed:
+        return verdict(True) + (" (all three)" if len(values) == 3 else "")
+    if not met:
+        return verdict(False) + (" (all three)" if len(values) == 3 else "")
+    return f"{verdict(True)}: {', '.join(met)}; {verdict(False)}: {', '.join(missed)}"
+
+
 def targets_section(d: Doc, by: dict[int, dict[str, Any]]) -> None:
     d("## Targets")
     d("")
@@ -749,28 +853,23 @@ def targets_section(d: Doc, by: dict[int, dict[str, Any]]) -> None:
         r = by.get(n)
         if r is None:
             continue
-        one, ten = r["latency"][OURS]["one"], r["latency"][OURS]["ten"]
-        cyc = r["latency"][OURS]["cycle"]["prometheus"]
-        g = one["gzip"].p(99)
+        lat = r["latency"][OURS]
+        for key, label in (("one", "one scraper"), ("ten", f"{SCRAPERS} concurrent scrapers")):
+            p99 = {short: lat[key][mode].p(99) for mode, short in MODE_SHORT}
+            rows.append(
+                [
+                    f"/metrics p99 ≤ {limit:g} ms at {n} GPUs, {label}",
+                    ", ".join(f"{short} {ms(v)} ms" for short, v in p99.items()),
+                    verdicts(p99, limit),
+                ]
+            )
+        cyc, hz = lat["cycle"]["prometheus"], lat["cycle"]["healthz"]
         rows.append(
             [
-                f"/metrics p99 ≤ {limit:g} ms at {n} GPUs, one scraper, gzip",
-                f"{ms(g)} ms (plain {ms(one['plain'].p(99))} ms)",
-                verdict(g <= limit),
-            ]
-        )
-        rows.append(
-            [
-                f"the same, {SCRAPERS} concurrent scrapers",
-                f"gzip {ms(ten['gzip'].p(99))} ms, plain {ms(ten['plain'].p(99))} ms",
-                verdict(ten["gzip"].p(99) <= limit) + " (gzip)",
-            ]
-        )
-        rows.append(
-            [
-                f"the same, Prometheus' own request, one scrape per cycle ({n} GPUs)",
-                f"max {ms(cyc.p(100))} ms, median {ms(cyc.p(50))} ms (n={len(cyc.seconds)})",
-                verdict(cyc.p(100) <= limit),
+                f"the same, Prometheus' request once per publish cycle ({n} GPUs)",
+                f"max {ms(cyc.p(100))} ms, median {ms(cyc.p(50))} ms (n={len(cyc.seconds)}); "
+                f"`/healthz` after the same pause: median {ms(hz.p(50))} ms",
+                verdict(cyc.p(100) <= limit) + " (max)",
             ]
         )
     for n in sorted(by):
@@ -819,72 +918,136 @@ def findings_section(d: Doc, by: dict[int, dict[str, Any]], with_ref: bool) -> N
     d("")
     big = max(by)
     s = by[big]["sampling"]
+    ours = by[big]["latency"][OURS]
     collect_ms = s["collect_ms_per_gpu"] * big
     lead = (
         "Publishing costs more than sampling"
         if s["publish_ms"] > collect_ms
         else "Sampling costs more than publishing"
     )
-    mostly = " - nearly all of it rendering" if s["render_ms"] >= 0.8 * s["publish_ms"] else ""
     d(
-        f"- **{lead}.** At {big} GPUs one cycle spends {ms(collect_ms)} ms of CPU sampling (on the "
-        f"fake) and {ms(s['publish_ms'])} ms publishing{mostly} (the text exposition of the same "
-        f"snapshot, timed on its own: {ms(s['render_ms'])} ms, gzip {ms(s['gzip_ms'])} ms), every "
-        "second, scraped or not."
+        f"- **{lead}.** At {big} GPUs one cycle spends {ms(collect_ms)} ms of CPU sampling on the "
+        f"fake ({ms(s['collect_nofake_ms_per_gpu'] * big)} ms without the fake's own share) and "
+        f"{ms(s['publish_ms'])} ms publishing, every second, scraped or not. Of the publish step, "
+        f"the render of both formats with both gzip bodies takes {ms(s['render_ms'])} ms "
+        f"(gzip {ms(s['gzip_ms'])} ms of it); composing the snapshot and the enrichers (the "
+        "diagnosis) take the rest."
     )
-    one_big = by[big]["latency"][OURS]["one"]
+    cyc, hz = ours["cycle"]["prometheus"], ours["cycle"]["healthz"]
+    one = ours["one"]
     d(
-        "- **Background work shares the interpreter with the requests.** Sampling and publishing "
-        "run on threads of the serving process, under the same GIL as the request handlers; a "
-        "request that arrives while they run is served in the slices the interpreter hands out "
-        f"(5 ms by default). At {big} GPUs they keep {by[big]['idle_cpu'][OURS] * 100:.0f} % of a "
-        f"core busy with nobody scraping; one-scraper gzip latency was "
-        f"{ms(one_big['gzip'].p(50))} ms at the median and {ms(one_big['gzip'].p(99))} ms at p99, "
-        f"and {ms(by[big]['latency'][OURS]['ten']['gzip'].p(99))} ms at p99 under {SCRAPERS} scrapers."
+        f"- **Every request is served from bytes made before it arrived.** Prometheus' request "
+        f"got back {cyc.served or 'nothing'} ({kb(cyc.size)} at {big} GPUs; the plain text format "
+        f"is {kb(one['plain'].size)}); rapid-fire on one connection it took "
+        f"{ms(one['prometheus'].p(50))} ms at the median and {ms(one['prometheus'].p(99))} ms at "
+        "p99."
     )
-    cyc = by[big]["latency"][OURS]["cycle"]["prometheus"]
-    one = by[big]["latency"][OURS]["one"]
+    slow = slow_spots(cyc)
+    where = "; ".join(f"{ms(v)} ms {spot(off)}" for v, off in slow)
+    wake = (
+        f"against {ms(one['prometheus'].p(50))} ms rapid-fire: most of that median is waking an "
+        "idle server (and, on this virtual machine, idle cores)"
+        if hz.p(50) >= 0.6 * cyc.p(50)
+        else f"against {ms(one['prometheus'].p(50))} ms rapid-fire"
+    )
+    meet = (
+        f" The slow ones (over twice the median): {where}. A request that arrives while the "
+        f"publish thread runs ({ms(s['publish_ms'])} ms of CPU per cycle at {big} GPUs) waits for "
+        "the GIL. Prometheus scrapes a target at a fixed offset within its interval and our "
+        "cycle drifts only slowly against it, so on a node where the two line up, consecutive "
+        "scrapes would meet the publish step."
+        if slow
+        else " None was slower than twice the median."
+    )
     d(
-        "- **Prometheus does not get the cached gzip body.** Prometheus 2.x asks for OpenMetrics "
-        "first; the server then answers with the OpenMetrics text, rendered on the first such "
-        f"request of each cycle ({ms(s['openmetrics_ms'])} ms at {big} GPUs) and sent uncompressed "
-        f"({kb(one['prometheus'].size)} instead of {kb(one['gzip'].size)} gzip). Since Prometheus "
-        "scrapes far less often than once a second, every one of its scrapes pays that rendering: "
-        f"median {ms(cyc.p(50))} ms, max {ms(cyc.p(100))} ms at {big} GPUs when scraped once "
-        "per cycle. Rapid-fire scrapes hide this (only the first of a cycle pays)."
+        "- **Scraped once per cycle, as Prometheus does, a request pays for finding the server "
+        f"idle.** The {len(cyc.seconds)} requests, {SPACED_GAP_S:g} s apart, land at points "
+        f"spread over the 1 s cycle. At {big} GPUs their median was {ms(cyc.p(50))} ms; "
+        f"`/healthz`, which does nothing, took {ms(hz.p(50))} ms at the median after the same "
+        f"pause, {wake}.{meet}"
+    )
+    tails = "; ".join(
+        f"{n} GPU{'s' if n > 1 else ''}: "
+        + ", ".join(
+            f"{short} {ms(by[n]['latency'][OURS]['one'][mode].p(50))} / "
+            f"{ms(by[n]['latency'][OURS]['one'][mode].p(99))} ms"
+            for mode, short in MODE_SHORT
+        )
+        for n in sorted(by)
+    )
+    count = len(one["gzip"].seconds)
+    slowest = count - math.ceil(0.99 * count) + 1
+    d(
+        "- **Rapid-fire p99 is decided by a few slow requests.** All three request kinds pick "
+        f"cached bytes, yet their one-scraper p50 / p99 differ ({tails}), and which kind has the "
+        "worst p99 changes from run to run. With "
+        f"{count} requests, p99 is the {ORDINAL.get(slowest, f'{slowest}th ')}slowest. "
+        "Sampling and publishing run on threads of the serving process, under the same GIL as "
+        f"the request handlers (at {big} GPUs they keep "
+        f"{by[big]['idle_cpu'][OURS] * 100:.0f} % of a core busy with nobody scraping), and the "
+        "back-to-back requests of one phase take a few hundred ms in all: whether a phase "
+        "overlaps those bursts, or other people's jobs on the two shared cores, decides it. "
+        f"Under {SCRAPERS} scrapers (and their client threads, which share one interpreter "
+        "in the benchmark process) the gzip p99 was "
+        + ", ".join(f"{ms(by[n]['latency'][OURS]['ten']['gzip'].p(99))} ms at {n}" for n in sorted(by))
+        + " GPUs."
     )
     h = by[big]["history"]
+    steady = frames_held(h, h["history_seconds"])
+    small = min(by)
     d(
-        f"- **Memory grows with the diagnosis history.** Each one-second frame adds about "
-        f"{h['kib_per_frame']:.0f} KiB at {big} GPUs, so a full {h['history_seconds']:.0f} s "
-        f"history adds about {mb(h['kib_per_frame'] * h['history_seconds']):.0f} MB to the "
-        f"{mb(by[big]['rss_kib'][OURS]['VmHWM']):.0f} MB measured after "
-        f"{by[big]['ours_running_s']:.0f} s of serving. The modules alone (the exporter, FastAPI, "
-        f"uvicorn) take {mb(h['rss_imports_kib']):.0f} MB before any GPU is sampled."
+        f"- **The diagnosis history is small now; the rest of the memory grows with the GPU "
+        f"count.** At steady state the history holds {steady:.0f} frames for its "
+        f"{h['history_seconds']:.0f} s span (every frame of the last {h['dense_s']:.0f} s, one "
+        f"per {h['sparse_step_s']:.0f} s before); filled to that state in a separate process it "
+        f"took {mb(h['rss_after_kib'] - h['rss_before_kib']):.1f} MB at {big} GPUs "
+        f"({h['kib_per_frame']:.0f} KiB per frame held). The modules alone (the exporter, "
+        f"FastAPI, uvicorn) take {mb(h['rss_imports_kib']):.0f} MB; building the exporter on "
+        f"{big} fake GPUs and running three cycles without rendering or serving added "
+        f"{mb(h['rss_before_kib'] - h['rss_imports_kib']):.0f} MB in that process; the served "
+        f"exporter's VmRSS was {mb(by[big]['rss_kib'][OURS]['VmRSS']):.0f} MB at the end "
+        f"(peak {mb(by[big]['rss_kib'][OURS]['VmHWM']):.0f} MB)."
+        + (
+            f" From {small} to {big} GPUs our peak grew by "
+            f"{mb(by[big]['rss_kib'][OURS]['VmHWM'] - by[small]['rss_kib'][OURS]['VmHWM']):.0f} MB, "
+            "nvitop-exporter's, on the same fake library, by "
+            f"{mb(by[big]['rss_kib'][REF]['VmHWM'] - by[small]['rss_kib'][REF]['VmHWM']):.0f} MB: "
+            "that bounds what the fake itself takes."
+            if with_ref and small != big
+            else ""
+        )
     )
     if with_ref:
         ours_s = by[big]["series"][OURS]
         ref_s = by[big]["series"][REF]
+        nvlink = by[big]["sampling"]["collectors"]["nvlink"]["fake_calls"] / big
         d(
             f"- **We collect more.** {ours_s['gpu_series_per_gpu']:.0f} GPU series per GPU against "
             f"nvitop-exporter's {ref_s['gpu_series_per_gpu']:.0f} (of which "
             f"{ref_s['gpu_nan_per_gpu']:.0f} were NaN on the fake), from "
             f"{s['calls_per_gpu']:.0f} NVML calls per GPU per cycle against the "
             f"{by[big]['nvitop_sampling']['calls_per_gpu']:.0f} of its calls that the fake could "
-            "answer. The NVLink collector alone makes "
-            f"{by[big]['sampling']['collectors']['nvlink']['fake_calls'] / big:.0f} of ours "
-            "(state and four error counters per link, every cycle)."
+            f"answer. The NVLink collector makes {nvlink:.0f} of ours on average (one field-values "
+            "call for the byte counters every run; state and four error counters per link, 90 "
+            f"calls, one run in {s['period_runs']}). Sampling per GPU still costs us "
+            f"{s['collect_ms_per_gpu'] / by[big]['nvitop_sampling']['devices_ms_per_gpu']:.1f} times "
+            "what it costs nvitop-exporter on the fake."
         )
         ten_ref = by[big]["latency"][REF]["ten"]["gzip"]
-        ten_ours = by[big]["latency"][OURS]["ten"]["gzip"]
+        ten_ours = ours["ten"]["gzip"]
+        backlog = (
+            " Its server (prometheus_client's WSGI server) renders every scrape, speaks HTTP/1.0 "
+            "(a new connection per request) and listens with a backlog of 5; with 10 clients "
+            "connecting at once, connection attempts beyond the backlog are dropped and retried "
+            "by the client's TCP after a second, which is what its p99 of a second or more looks "
+            "like."
+            if ten_ref.p(99) >= 900
+            else " Its server (prometheus_client's WSGI server) renders every scrape."
+        )
         d(
-            "- **Under 10 concurrent scrapers** we served "
-            f"{ten_ours.rate:.0f} gzip requests/s at {big} GPUs, nvitop-exporter "
-            f"{ten_ref.rate:.0f}. Its server (prometheus_client's WSGI server) renders every scrape, "
-            "speaks HTTP/1.0 (a new connection per request) and listens with a backlog of 5; with "
-            "10 clients connecting at once, connection attempts beyond the backlog are dropped and "
-            "retried by the client's TCP after a second, which is what its p99 of about one second "
-            "looks like."
+            f"- **Under {SCRAPERS} concurrent scrapers** we served {ten_ours.rate:.0f} gzip "
+            f"requests/s at {big} GPUs (p99 {ms(ten_ours.p(99))} ms), nvitop-exporter "
+            f"{ten_ref.rate:.0f} (p99 {ms(ten_ref.p(99))} ms).{backlog}"
         )
     d("")
 
@@ -899,7 +1062,9 @@ def count_section(d: Doc, r: dict[str, Any], with_ref: bool) -> None:
     d("")
     d.para(
         f"1-minute load average on the two cores: {r['load'][0]:.1f} before this part, "
-        f"{r['load'][1]:.1f} after."
+        f"{r['load'][1]:.1f} after. Over its {r['contention']['wall_s']:.0f} s, other processes "
+        f"used {r['contention']['others_cores']:.2f} of the {os.cpu_count()} cores on average, "
+        f"this benchmark (both exporters included) {r['contention']['ours_cores']:.2f}."
     )
     rows: list[list[str]] = []
 
@@ -921,7 +1086,8 @@ def count_section(d: Doc, r: dict[str, Any], with_ref: bool) -> None:
     row("NVML calls per GPU per cycle", f"{s['calls_per_gpu']:.1f}", f"{nv.get('calls_per_gpu', nan):.1f}")
     row(
         "other CPU per cycle",
-        f"publish {ms(s['publish_ms'])} ms; node collectors {ms(s['node_ms'])} ms",
+        f"publish {ms(s['publish_ms'])} ms (of it the render of both formats and both gzip "
+        f"bodies {ms(s['render_ms'])} ms); node collectors {ms(s['node_ms'])} ms",
         f"host metrics {ms(nv.get('host_s', nan) * 1000)} ms; rendering happens per scrape",
     )
     idle = r["idle_cpu"]
@@ -940,7 +1106,24 @@ def count_section(d: Doc, r: dict[str, Any], with_ref: bool) -> None:
     for name in cols:
         lat = r["latency"][name]["cycle"]["prometheus"]
         cells.append(f"{ms(lat.p(50))} / {ms(lat.p(100))} ms, n={len(lat.seconds)}")
-    row("/metrics median / max, Prometheus' headers, one scrape per cycle", *cells)
+    row("/metrics median / max, Prometheus' request once per publish cycle", *cells)
+    slow = slow_spots(r["latency"][OURS]["cycle"]["prometheus"])
+    row(
+        "… the slow ones (over twice the median), and where in our cycle they began",
+        "; ".join(f"{ms(v)} ms {spot(off)}" for v, off in slow) or "none",
+        "not measured",
+    )
+    hz = r["latency"][OURS]["cycle"]["healthz"]
+    row(
+        "/healthz median / max after the same pause (the floor of a request after idle)",
+        f"{ms(hz.p(50))} / {ms(hz.p(100))} ms, n={len(hz.seconds)}",
+        "no such endpoint",
+    )
+    cells = []
+    for name in cols:
+        lat = r["latency"][name]["cycle"]["prometheus"]
+        cells.append(f"{lat.served}, {kb(lat.size)}")
+    row("what Prometheus' request got back", *cells)
     for mode, label in MODE_LABELS:
         cells = []
         for name in cols:
@@ -955,7 +1138,9 @@ def count_section(d: Doc, r: dict[str, Any], with_ref: bool) -> None:
     h = r["history"]
     row(
         f"peak RSS with a full {h['history_seconds']:.0f} s diagnosis history (projected)",
-        f"about {mb(projected_rss_kib(r)):.0f} MB (+{h['kib_per_frame']:.1f} KiB per second of history)",
+        f"about {mb(projected_rss_kib(r)):.0f} MB ({frames_held(h, h['history_seconds']):.0f} frames "
+        f"of {h['kib_per_frame']:.1f} KiB at steady state, "
+        f"{frames_held(h, r['ours_running_s']):.0f} of them held when measured)",
         "keeps no history",
     )
     cells = []
@@ -973,11 +1158,14 @@ def breakdown_section(d: Doc, by: dict[int, dict[str, Any]]) -> None:
     counts = sorted(by)
     d("## Where our sampling CPU goes")
     d("")
+    period = by[counts[0]]["sampling"]["period_runs"]
     d.para(
         "CPU per run of each collector and per 1 s cycle (a collector that runs every 5 s counts a",
         "fifth of a run per cycle), NVML calls per GPU per run, and the fake library's share of the",
-        "run. The node collectors (engines, allocator) do not grow with the GPU count and are not in",
-        "the per-GPU figures.",
+        f"run. Runs are averaged over whole periods of {period} runs: the NVLink collector reads link",
+        f"state and error counters on one run in {period} and only the byte counters on the others.",
+        "The node collectors (engines, allocator) do not grow with the GPU count and are not in the",
+        "per-GPU figures.",
     )
     rows = []
     for name in sorted(by[counts[0]]["sampling"]["collectors"]):
@@ -987,9 +1175,10 @@ def breakdown_section(d: Doc, by: dict[int, dict[str, Any]]) -> None:
             c = by[n]["sampling"]["collectors"][name]
             share = 1.0 / max(1.0, c["interval_s"])
             fake = (min(c["fake_cpu_s"], c["cpu_s"]) / c["cpu_s"] * 100) if c["cpu_s"] else 0.0
+            calls = c["fake_calls"] / n
+            shown = f"{calls:.0f}" if calls == round(calls) else f"{calls:.1f}"
             cells.append(
-                f"{ms(c['cpu_s'] * 1000)} / {ms(c['cpu_s'] * share * 1000)} ms, "
-                f"{c['fake_calls'] / n:.0f} calls, {fake:.0f} %"
+                f"{ms(c['cpu_s'] * 1000)} / {ms(c['cpu_s'] * share * 1000)} ms, {shown} calls, {fake:.0f} %"
             )
         kind = "" if c0["nvml"] else " (node)"
         rows.append([f"{name}{kind}", f"{c0['interval_s']:g} s", *cells])
@@ -997,11 +1186,13 @@ def breakdown_section(d: Doc, by: dict[int, dict[str, Any]]) -> None:
         ["collector", "every", *(f"{n} GPU{'s' if n > 1 else ''}: run / cycle, calls, fake" for n in counts)],
         rows,
     )
+    level = by[counts[0]]["sampling"]["gzip_level"]
     d.para(
-        "Publishing (compose the snapshot, run the enrichers, render the text exposition, gzip it)",
-        "happens once per cycle whether anyone scrapes or not; the OpenMetrics text is rendered on",
-        "the first request that asks for it in a cycle. Render, gzip and OpenMetrics were timed",
-        "apart from the publish step, on the same snapshot.",
+        "Publishing happens once per cycle whether anyone scrapes or not: compose the snapshot, run",
+        "the enrichers, and render: both formats (the text format and OpenMetrics) in one pass over",
+        f"the samples, and both gzipped (level {level}). A scrape only picks one of the four cached",
+        "bodies. The render, and the gzip part of it, were timed again apart from the publish step,",
+        "on the same snapshot.",
     )
     rows = []
     for n in counts:
@@ -1012,12 +1203,23 @@ def breakdown_section(d: Doc, by: dict[int, dict[str, Any]]) -> None:
                 f"{ms(s['publish_ms'])} ms",
                 f"{ms(s['render_ms'])} ms",
                 f"{ms(s['gzip_ms'])} ms",
-                f"{ms(s['openmetrics_ms'])} ms",
-                kb(s["text_bytes"]),
-                kb(s["gzip_bytes"]),
+                f"{ms(s['publish_ms'] - s['render_ms'])} ms",
+                f"{kb(s['text_bytes'])} / {kb(s['text_gzip_bytes'])}",
+                f"{kb(s['openmetrics_bytes'])} / {kb(s['openmetrics_gzip_bytes'])}",
             ]
         )
-    d.table(["GPUs", "publish", "render", "gzip", "OpenMetrics", "text body", "gzip body"], rows)
+    d.table(
+        [
+            "GPUs",
+            "publish",
+            "render (both formats, both gzip)",
+            "of it gzip",
+            "compose + enrichers (the rest)",
+            "text body / gzip",
+            "OpenMetrics body / gzip",
+        ],
+        rows,
+    )
     micro = by[counts[0]]["sampling"]["micro"]
     d.para(
         f"One NVML call (`nvmlDeviceGetPowerUsage`) costs {micro['pynvml_call_s'] * 1e6:.1f} µs",
@@ -1067,18 +1269,22 @@ def method_section(d: Doc, meta: dict[str, Any]) -> None:
         "by `exporter.app.build` as `serve` builds it (fake library under pynvml, every default "
         "collector, the enrichers), without starting its threads. After 3 warm-up `Runner.step()` "
         "calls, each pass runs every collector once through `Runner.run_collector` and then "
-        "`Runner.publish()`, with `time.process_time()` around each piece; passes repeat for "
-        f"{plan.sampling_s:g} s (at least 3). Per-cycle figures weight each collector by its "
-        "interval against the 1 s cycle."
+        "`Runner.publish()` (compose, enrichers, render of both formats and both gzip bodies), "
+        "with `time.process_time()` around each piece; then the same snapshot is rendered again, "
+        "and its two bodies gzipped again, to time the render and its gzip part alone. Passes "
+        f"repeat for {plan.sampling_s:g} s, in whole periods of 10 (the NVLink collector's "
+        "state and error counters are read one run in 10). Per-cycle figures weight each "
+        "collector by its interval against the 1 s cycle."
     )
     d(
-        "- The fake's share (`bench/fakecalls.py`): one pass of each collector is recorded at the "
-        "fake library's entry points (function and ctypes arguments) and replayed straight on the "
-        "fake's functions; the replay's CPU is what the fake spends, and \"without the fake\" "
-        "subtracts it. What remains is the collectors and pynvml's Python binding, both of which "
-        "run in production. A real libnvidia-ml call is C but mostly an ioctl into the driver, "
-        "not free either: multiply the NVML calls per GPU per cycle by the driver's per-call cost "
-        "to complete the picture on real hardware."
+        "- The fake's share (`bench/fakecalls.py`): a whole period of runs (10) of each "
+        "collector is recorded at the fake library's entry points (function and ctypes "
+        "arguments) and replayed straight on the fake's functions; the replay's CPU, per run, is "
+        'what the fake spends, and "without the fake" subtracts it. What remains is the '
+        "collectors and pynvml's Python binding, both of which run in production. A real "
+        "libnvidia-ml call is C but mostly an ioctl into the driver, not free either: multiply "
+        "the NVML calls per GPU per cycle by the driver's per-call cost to complete the picture "
+        "on real hardware."
     )
     d(
         "- nvitop-exporter's sampling: the body of its update loop (`update_host`, then "
@@ -1099,31 +1305,40 @@ def method_section(d: Doc, meta: dict[str, Any]) -> None:
         "process. One scraper: up to "
         f"{plan.sequential} requests per mode. {SCRAPERS} scrapers: threads with a client each, up "
         f"to {plan.concurrent_each} requests each per mode (after one untimed request per client). "
+        f"Prometheus' request once per publish cycle: {plan.spaced} requests per exporter, each "
+        f"after a {SPACED_GAP_S:g} s pause, so each one meets a newly published cycle, as a real "
+        "Prometheus scrape (every 15 s or so) does. After each of ours, an untimed `/readyz` "
+        "(it reports the age of the published cycle, on the monotonic clock both processes "
+        "share) places the request's start against the end of the nearest publish step; then, "
+        "after the same pause, `/healthz` (which does nothing) is timed as the floor of a request "
+        "that finds the server idle. "
         f"The work is split into {plan.rounds} rounds; in each round every exporter in turn runs "
         "all its phases while the other one is paused with SIGSTOP; after resuming ours the "
         f"benchmark waits {SETTLE_S:g} s, so that it publishes a whole cycle again. "
         "Interleaving spreads the drift in other people's load over both exporters. "
         f"Each phase of a round also stops after {plan.phase_s / plan.rounds:g} s, so n is the "
         "number of requests actually timed. The scraper threads share one GIL, which adds to "
-        "their latencies; the throughput is the sturdier figure there. One scrape per cycle: "
-        f"{plan.spaced} requests per exporter, each after a {SPACED_GAP_S:g} s pause, with "
-        "Prometheus' headers, so each one meets a newly published cycle, as a real Prometheus "
-        "scrape does."
+        "their latencies; the throughput is the sturdier figure there."
     )
     d(
-        "- Modes: plain (`Accept-Encoding: identity`), gzip (`Accept-Encoding: gzip`), and "
-        "Prometheus' own request (`Accept: application/openmetrics-text;version=1.0.0,…;"
-        "text/plain;version=0.0.4;q=0.5,*/*;q=0.1` and `Accept-Encoding: gzip`)."
+        "- Requests: plain (`Accept-Encoding: identity`; httpx's default `Accept: */*`, so the "
+        "text format), gzip (`Accept-Encoding: gzip`: the text format, gzipped), and the "
+        "request Prometheus 2.x "
+        f"sends (`Accept: {PROMETHEUS_ACCEPT}` and `Accept-Encoding: gzip`). The format and "
+        "encoding each exporter answered with are read from the response headers and shown per "
+        "GPU count."
     )
     d(
         "- Peak RSS: `VmHWM` from `/proc/PID/status` of each server, read after all its scrapes. "
-        "A run serves each GPU count for a few minutes, but the diagnosis keeps 900 s of "
-        "one-second frames, so the steady state is projected: `bench/sampling.py "
-        "--history-frames` steps scenario time by hand one second per frame (per-second "
-        "collectors, compose, enrichers; no rendering) for up to "
-        f"{plan.history_s:g} s, measures the VmRSS growth per frame, and the projection adds that "
-        "growth for the frames the served exporter had not yet kept (its unpaused running "
-        "time, one frame per second)."
+        "A run serves each GPU count for about a minute, but the diagnosis history spans 900 s "
+        "(every frame of the last 120 s, one per 10 s before: about 198 frames at steady state), "
+        "so the steady state is projected: `bench/sampling.py --history` builds the exporter in "
+        "a fresh process and fills its history to that steady state with scenario time stepped "
+        "by hand (10 s per frame for the older part, then 1 s per frame for the last 120 s; "
+        "per-second collectors, compose, enrichers; no rendering), within "
+        f"{plan.history_s:g} s of wall time. Its VmRSS growth divided by the frames held is the "
+        "memory per frame; the projection adds it for the frames the served exporter did not "
+        "hold yet (from its unpaused running time, one frame per second)."
     )
     d("- Percentiles are nearest-rank; with n requests, p99 is the ⌈0.99 n⌉-th fastest.")
     d("- MB is 10^6 bytes; KiB is 1024 bytes.")
@@ -1178,6 +1393,7 @@ def main(argv: list[str] | None = None) -> int:
     if not ok:
         log(f"running without the reference: {reason}")
     load_before = os.getloadavg()[0]
+    contention = Contention()
     source = source_state()
     results = []
     with workdir(args.keep) as wd:
@@ -1199,6 +1415,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "load_before": load_before,
         "load_after": os.getloadavg()[0],
+        "contention": contention.result(),
         "nvitop": "used" if ok else "absent",
         "nvitop_reason": reason,
         "versions": {
@@ -1225,7 +1442,13 @@ def _plain(obj: object) -> object:
             "p99_ms": obj.p(99),
             "n": len(obj.seconds),
             "bytes": obj.size,
+            "served": obj.served,
             "req_per_s": obj.rate,
+            **(
+                {"ms_and_offset_s": [[s * 1000, o] for s, o in zip(obj.seconds, obj.offsets, strict=True)]}
+                if obj.offsets
+                else {}
+            ),
         }
     raise TypeError(type(obj).__name__)
 

@@ -1,13 +1,16 @@
 """CPU of one sampling cycle, measured in this process on the simulator's fake GPUs.
 
     python bench/sampling.py SCENARIO_FILE [--budget SECONDS] [--max-passes K]
-    python bench/sampling.py SCENARIO_FILE --history-frames K [--budget SECONDS]
+    python bench/sampling.py SCENARIO_FILE --history [--budget SECONDS]
 
 Builds the exporter exactly as `serve --scenario-file` does (fake NVML library under
 pynvml, every default collector, the enrichers), without starting its threads. After a
 warm-up it runs K passes; in each one every collector runs once (as `Runner.step()`
-does, less its synchronous engine refresh), then the runner publishes. CPU is
-`time.process_time()` around each piece.
+does, less its synchronous engine refresh), then the runner publishes (compose, the
+enrichers, and the render of both formats with their gzip bodies). CPU is
+`time.process_time()` around each piece. Some collectors do part of their work only
+every few runs (NVLink state and error counters every `SLOW_EVERY` runs), so K is a
+multiple of that period and every figure is an average over whole periods.
 Prints one JSON object on stdout; run.py turns it into the tables.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import resource
 import sys
 import threading
@@ -41,8 +45,9 @@ def measure(scenario_file: str, budget_s: float, max_passes: int, warmup: int = 
     from exporter import app
     from exporter.collectors import NVML_MODULES
     from exporter.collectors.base import REGISTRY
+    from exporter.collectors.interconnect import SLOW_EVERY
     from exporter.config import load
-    from exporter.exposition import render
+    from exporter.exposition import GZIP_LEVEL, render
 
     settings = load({"scenario_file": scenario_file, "interval": 1.0}, None)
     exporter = app.build(settings)
@@ -52,6 +57,8 @@ def measure(scenario_file: str, budget_s: float, max_passes: int, warmup: int = 
     nvml_names = {
         name for name, reg in REGISTRY.items() if reg.factory.__module__.rsplit(".", 1)[-1] in NVML_MODULES
     }
+    period = max(1, SLOW_EVERY)  # runs after which every collector has done all its work once
+    max_passes = max(period, max_passes - max_passes % period)
 
     def run(slot: Any) -> None:
         # What the collector threads of a serving exporter do. (`step()` also calls the
@@ -63,41 +70,43 @@ def measure(scenario_file: str, budget_s: float, max_passes: int, warmup: int = 
         runner.step()
 
     cpu: dict[str, float] = defaultdict(float)
-    publish_s = render_s = gzip_s = openmetrics_s = 0.0
+    publish_s = render_s = gzip_s = 0.0
     passes = 0
     started = time.process_time()
     wall_started = time.monotonic()
     rendered = runner.published
-    while passes < max_passes and (passes < 3 or time.monotonic() - wall_started < budget_s):
+    while passes < max_passes and (
+        passes < period or passes % period or time.monotonic() - wall_started < budget_s
+    ):
         for slot in slots:
             t0 = time.process_time()
             run(slot)
             cpu[slot.collector.name] += time.process_time() - t0
         t0 = time.process_time()
-        rendered = runner.publish()
+        rendered = runner.publish()  # compose, enrichers, render (both formats, both gzip)
         t1 = time.process_time()
-        again = render(rendered.snapshot)  # the exposition alone, on the same snapshot
+        again = render(rendered.snapshot)  # the render alone, on the same snapshot
         t2 = time.process_time()
-        gzip.compress(again.text, compresslevel=6)
+        gzip.compress(again.text, compresslevel=GZIP_LEVEL)  # its gzip part, timed again
+        gzip.compress(again.openmetrics, compresslevel=GZIP_LEVEL)
         t3 = time.process_time()
-        again.openmetrics()  # what the first OpenMetrics scrape of a cycle costs
-        t4 = time.process_time()
         publish_s += t1 - t0
         render_s += t2 - t1
         gzip_s += t3 - t2
-        openmetrics_s += t4 - t3
         passes += 1
     total_cpu = time.process_time() - started
 
-    # The fake's share: record one pass of every collector, replay it on the fake alone.
-    replay_passes = max(3, passes)
+    # The fake's share: record a whole period of runs of every collector, replay it on
+    # the fake alone; calls and CPU are per run (the period's total over its runs).
+    replay_passes = max(3, passes // period)
     fake: dict[str, dict[str, float]] = {}
     for slot in slots:
         with Recorder(lib) as rec:
-            run(slot)
+            for _ in range(period):
+                run(slot)
         fake[slot.collector.name] = {
-            "calls": len(rec.calls),
-            "cpu_s": replay_seconds(rec.calls, replay_passes),
+            "calls": len(rec.calls) / period,
+            "cpu_s": replay_seconds(rec.calls, replay_passes) / period,
         }
 
     micro = micro_calls(pynvml, lib)
@@ -106,6 +115,7 @@ def measure(scenario_file: str, budget_s: float, max_passes: int, warmup: int = 
     result = {
         "gpus": runner.gpu_count,
         "passes": passes,
+        "period_runs": period,
         "measured_cpu_s": total_cpu,
         "threads_alive": threading.active_count(),
         "collectors": {
@@ -122,9 +132,11 @@ def measure(scenario_file: str, budget_s: float, max_passes: int, warmup: int = 
         "publish_s": publish_s / passes,
         "render_s": render_s / passes,
         "gzip_s": gzip_s / passes,
-        "openmetrics_s": openmetrics_s / passes,
+        "gzip_level": GZIP_LEVEL,
         "text_bytes": len(text),
-        "gzip_bytes": len(rendered.text_gzip),
+        "text_gzip_bytes": len(rendered.text_gzip),
+        "openmetrics_bytes": len(rendered.openmetrics),
+        "openmetrics_gzip_bytes": len(rendered.openmetrics_gzip),
         "series": sum(1 for line in text.splitlines() if line and not line.startswith(b"#")),
         "micro": micro,
         "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
@@ -133,50 +145,73 @@ def measure(scenario_file: str, budget_s: float, max_passes: int, warmup: int = 
     return result
 
 
-def history_growth(scenario_file: str, frames: int, budget_s: float) -> dict[str, Any]:
-    """Memory the diagnosis history takes as it fills, per one-second frame.
+def history_growth(scenario_file: str, budget_s: float) -> dict[str, Any]:
+    """Memory the diagnosis history takes once it holds its whole span.
 
-    A serving exporter keeps `history_seconds` (900 by default) of frames; a benchmark
-    run serves for a few minutes only. Here scenario time is stepped by hand, one
-    second per frame: the per-second collectors run (the values move with scenario time,
-    as they would), the snapshot is composed and the enrichers (the diagnosis with its
-    history) run; rendering is left out, as it keeps nothing between cycles.
+    A serving exporter keeps `history_seconds` (900 by default) of frames: every frame
+    of the last DENSE_S seconds, one every SPARSE_STEP_S seconds before. A benchmark run
+    serves each GPU count for a minute or so, so here the history is filled to that
+    steady state directly, with scenario time stepped by hand: first one frame every
+    SPARSE_STEP_S seconds for the older part of the span, then one a second for the
+    dense part. For each frame the per-second collectors run (values move with scenario
+    time, as they would), the snapshot is composed and the enrichers (the diagnosis with
+    its history) run; rendering is left out, as it keeps nothing between cycles.
     """
     _repo_on_path()
     import uvicorn  # noqa: F401 - what `serve` has loaded before it samples anything
 
     from exporter import app, server  # noqa: F401
     from exporter.config import load
+    from exporter.diagnosis.engine import Diagnoser
+    from exporter.diagnosis.history import DENSE_S, SPARSE_STEP_S
 
     imports = _rss_kib()
     settings = load({"scenario_file": scenario_file, "interval": 1.0}, None)
     clock = app.ManualClock()
     exporter = app.build(settings, scenario_clock=clock)
     runner = exporter.runner
+    diagnosers = [e for e in runner.enrichers if isinstance(e, Diagnoser)]
     fast = [slot for slot in runner._slots if slot.collector.interval_s <= settings.interval]
     for _ in range(3):
         runner.step()
         clock.t += 1.0
+    span = float(settings.history_seconds)
+    dense = min(span, DENSE_S)
+    sparse_frames = math.ceil((span - dense) / SPARSE_STEP_S)
+    steps = [SPARSE_STEP_S] * sparse_frames + [1.0] * int(dense)
     before = _rss_kib()
+    held_before = len(diagnosers[0].history) if diagnosers else 0
     started = time.monotonic()
     done = 0
-    while done < frames and time.monotonic() - started < budget_s:
+    for step in steps:
+        if time.monotonic() - started >= budget_s:
+            break
         for slot in fast:
             runner.run_collector(slot)
         snapshot = runner.compose()
         for enrich in runner.enrichers:
             snapshot = snapshot.with_node(enrich(snapshot))
-        clock.t += 1.0
+        clock.t += step
         done += 1
+    wall = time.monotonic() - started
     after = _rss_kib()
+    held = len(diagnosers[0].history) if diagnosers else 0
     exporter.close()
+    added = max(1, held - held_before)
     return {
-        "history_seconds": settings.history_seconds,
-        "frames": done,
+        "history_seconds": span,
+        "dense_s": DENSE_S,
+        "sparse_step_s": SPARSE_STEP_S,
+        "steady_frames": sparse_frames + int(dense),
+        "frames_stepped": done,
+        "frames_planned": len(steps),
+        "frames_held": held,
+        "full": done == len(steps),
+        "wall_s": wall,
         "rss_imports_kib": imports,
         "rss_before_kib": before,
         "rss_after_kib": after,
-        "kib_per_frame": (after - before) / done if done else 0.0,
+        "kib_per_frame": (after - before) / added,
     }
 
 
@@ -212,14 +247,13 @@ def main() -> int:
     p.add_argument("--budget", type=float, default=10.0, help="wall seconds of measured passes (>= 3 passes)")
     p.add_argument("--max-passes", type=int, default=200)
     p.add_argument(
-        "--history-frames",
-        type=int,
-        metavar="K",
-        help="instead: fill the diagnosis history with up to K one-second frames (within --budget)",
+        "--history",
+        action="store_true",
+        help="instead: fill the diagnosis history to its steady state (within --budget)",
     )
     args = p.parse_args()
-    if args.history_frames:
-        print(json.dumps(history_growth(args.scenario_file, args.history_frames, args.budget)))
+    if args.history:
+        print(json.dumps(history_growth(args.scenario_file, args.budget)))
     else:
         print(json.dumps(measure(args.scenario_file, args.budget, args.max_passes)))
     return 0
