@@ -568,6 +568,7 @@ def sampling_summary(raw: dict[str, Any]) -> dict[str, Any]:
         "render_ms": raw["render_s"] * 1000,
         "gzip_ms": raw["gzip_s"] * 1000,
         "gzip_level": raw["gzip_level"],
+        "gc": raw["gc"],
         "cycle_ms": (collect + raw["publish_s"]) * 1000
         + sum(c["cpu_s"] * share(c) for c in node.values()) * 1000,
         "period_runs": raw["period_runs"],
@@ -820,6 +821,8 @@ def machine_section(d: Doc, meta: dict[str, Any], with_ref: bool) -> None:
 
 def spot(offset: float) -> str:
     """Where a request began, against the end of the nearest publish step."""
+    if abs(offset) < 0.0005:
+        return "begun as a publish step ended"
     return f"begun {abs(offset) * 1000:.0f} ms {'before' if offset < 0 else 'after'} a publish step ended"
 
 
@@ -925,13 +928,18 @@ def findings_section(d: Doc, by: dict[int, dict[str, Any]], with_ref: bool) -> N
         if s["publish_ms"] > collect_ms
         else "Sampling costs more than publishing"
     )
+    gc_line = (
+        f" Garbage collection, inside those figures, took {ms(s['gc']['per_pass_s'] * 1000)} ms "
+        f"per cycle on average ({s['gc']['full_collections']} full collections in "
+        f"{s['passes']} cycles, up to {ms(s['gc']['full_max_s'] * 1000)} ms each)."
+    )
     d(
         f"- **{lead}.** At {big} GPUs one cycle spends {ms(collect_ms)} ms of CPU sampling on the "
         f"fake ({ms(s['collect_nofake_ms_per_gpu'] * big)} ms without the fake's own share) and "
         f"{ms(s['publish_ms'])} ms publishing, every second, scraped or not. Of the publish step, "
         f"the render of both formats with both gzip bodies takes {ms(s['render_ms'])} ms "
         f"(gzip {ms(s['gzip_ms'])} ms of it); composing the snapshot and the enrichers (the "
-        "diagnosis) take the rest."
+        f"diagnosis) take the rest.{gc_line}"
     )
     cyc, hz = ours["cycle"]["prometheus"], ours["cycle"]["healthz"]
     one = ours["one"]
@@ -953,9 +961,12 @@ def findings_section(d: Doc, by: dict[int, dict[str, Any]], with_ref: bool) -> N
     meet = (
         f" The slow ones (over twice the median): {where}. A request that arrives while the "
         f"publish thread runs ({ms(s['publish_ms'])} ms of CPU per cycle at {big} GPUs) waits for "
-        "the GIL. Prometheus scrapes a target at a fixed offset within its interval and our "
-        "cycle drifts only slowly against it, so on a node where the two line up, consecutive "
-        "scrapes would meet the publish step."
+        "the GIL, and a full (generation 2) garbage collection holds the GIL from start to end: "
+        f"{s['gc']['full_collections']} of them ran during the {s['passes']} measured sampling "
+        f"passes at {big} GPUs, the longest {ms(s['gc']['full_max_s'] * 1000)} ms. Prometheus "
+        "scrapes a target at a fixed offset within its interval and our cycle drifts only "
+        "slowly against it, so on a node where the two line up, consecutive scrapes would meet "
+        "the publish step."
         if slow
         else " None was slower than twice the median."
     )
@@ -1192,7 +1203,7 @@ def breakdown_section(d: Doc, by: dict[int, dict[str, Any]]) -> None:
         "the enrichers, and render: both formats (the text format and OpenMetrics) in one pass over",
         f"the samples, and both gzipped (level {level}). A scrape only picks one of the four cached",
         "bodies. The render, and the gzip part of it, were timed again apart from the publish step,",
-        "on the same snapshot.",
+        "on the last snapshot.",
     )
     rows = []
     for n in counts:
@@ -1270,9 +1281,10 @@ def method_section(d: Doc, meta: dict[str, Any]) -> None:
         "collector, the enrichers), without starting its threads. After 3 warm-up `Runner.step()` "
         "calls, each pass runs every collector once through `Runner.run_collector` and then "
         "`Runner.publish()` (compose, enrichers, render of both formats and both gzip bodies), "
-        "with `time.process_time()` around each piece; then the same snapshot is rendered again, "
-        "and its two bodies gzipped again, to time the render and its gzip part alone. Passes "
-        f"repeat for {plan.sampling_s:g} s, in whole periods of 10 (the NVLink collector's "
+        "with `time.process_time()` around each piece, and every garbage collection timed "
+        "through `gc.callbacks`; afterwards the last snapshot is rendered again, and its two "
+        "bodies gzipped again, up to 20 times, to time the render and its gzip part alone. "
+        f"Passes repeat for {plan.sampling_s:g} s, in whole periods of 10 (the NVLink collector's "
         "state and error counters are read one run in 10). Per-cycle figures weight each "
         "collector by its interval against the 1 s cycle."
     )
