@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
@@ -147,4 +147,4 @@ def replace(s: Settings, **changes: Any) -> Settings:
     return dataclasses.replace(s, **changes)
 
 
-__all__ = ["DEFAULT_PORT", "ConfigError", "Settings", "field", "load", "replace"]
+__all__ = ["DEFAULT_PORT", "ConfigError", "Settings", "load", "replace"]

@@ -23,7 +23,6 @@ class MetricDef:
     kind: Kind
     help: str
     label: str | None = None  # extra label when the field holds a mapping key -> value
-    unit: str = ""
 
 
 def gauge(name: str, help: str, *, label: str | None = None) -> Any:
