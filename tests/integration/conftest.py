@@ -49,6 +49,10 @@ PROMETHEUS = shutil.which("prometheus")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 RULE_FILES = sorted((ROOT / "alerts").glob("*.rules.yml"))
 SPEED = 60  # scenario seconds per wall second: a 10-minute scenario plays in 10 s
+# gpu-lost's XID 79 comes at scenario second 119: 2 s of wall time at 60x, often before
+# Prometheus' first scrape of a just-started exporter, and increase() needs a sample
+# before the event. At 10x it comes 12 s in.
+SPEEDS = {"gpu-lost": 10}
 JOB = "llm-gpu-exporter"
 
 # node name -> (cluster, scenario)
@@ -373,7 +377,7 @@ def _start_exporter(node: str, scenario: str, port: int, logs: Path) -> Proc:
     args = [
         sys.executable, "-m", "exporter.cli", "serve",
         "--simulate", scenario,
-        "--speed", str(SPEED),
+        "--speed", str(SPEEDS.get(scenario, SPEED)),
         "--interval", "0.5",
         "--listen", f"127.0.0.1:{port}",
     ]  # fmt: skip
