@@ -26,6 +26,7 @@ from exporter.snapshot import CollectorStatus, ExporterInfo, GpuState, Snapshot
 log = logging.getLogger(__name__)
 
 KEPT_WHEN_DOWN = (DeviceFacts, Xid)
+KEPT_FAMILIES = {cls.family for cls in KEPT_WHEN_DOWN}
 Enricher = Callable[[Snapshot], tuple[object, ...]]
 Attribution = Callable[[str], Mapping[str, str]]  # GPU uuid -> namespace/pod/container
 
@@ -217,7 +218,7 @@ class Runner:
                 readings = {k: v for k, v in readings.items() if k in KEPT_WHEN_DOWN}
                 if facts is not None:
                     readings[DeviceFacts] = facts
-                supported = {f: s for f, s in supported.items() if f in ("device", "xid")}
+                supported = {f: s for f, s in supported.items() if f in KEPT_FAMILIES}
             uuid = facts.uuid if facts is not None else ""
             gpus.append(
                 GpuState(
