@@ -198,7 +198,7 @@ def history_growth(scenario_file: str, budget_s: float) -> dict[str, Any]:
 
     from exporter import app, server  # noqa: F401
     from exporter.config import load
-    from exporter.diagnosis.engine import Diagnoser
+    from exporter.diagnosis.diagnoser import Diagnoser
     from exporter.diagnosis.history import DENSE_S, SPARSE_STEP_S
 
     imports = _rss_kib()

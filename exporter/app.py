@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from exporter import collectors
 from exporter.collectors.base import Context
 from exporter.config import Settings, replace
-from exporter.diagnosis.engine import Diagnoser
+from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.engines.attribution import engine_gpus
 from exporter.nvml import Nvml
 from exporter.runner import Attribution, Enricher, Runner

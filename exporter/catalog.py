@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import exporter
+from exporter.gpu_readings import GPU_READINGS
 from exporter.metricdef import MetricDef
-from exporter.readings import GPU_READINGS
 from exporter.snapshot import CollectorStatus, ExporterInfo, GpuUp
 
 GPU_LABELS = ("gpu", "uuid")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from exporter import __version__
 from exporter.collectors.base import Collector, Output
 from exporter.exposition import Rendered, render
-from exporter.readings import DeviceFacts, Xid
+from exporter.gpu_readings import DeviceFacts, Xid
 from exporter.snapshot import CollectorStatus, ExporterInfo, GpuState, Snapshot
 
 log = logging.getLogger(__name__)

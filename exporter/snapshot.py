@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from exporter.gpu_readings import DeviceFacts
 from exporter.metricdef import counter, gauge, info, label
-from exporter.readings import DeviceFacts
 
 R = TypeVar("R")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.readings import Clocks, Memory, Power, Profiling, Utilization
+from exporter.gpu_readings import Clocks, Memory, Power, Profiling, Utilization
 from exporter.snapshot import GpuState, Snapshot
 
 GIB = 1024**3

@@ -7,9 +7,9 @@ from typing import Any
 
 from exporter.collectors.base import Context, register
 from exporter.collectors.gpu import GpuCollector
+from exporter.gpu_readings import DeviceFacts
 from exporter.nvml import const as N
 from exporter.nvml import decode
-from exporter.readings import DeviceFacts
 
 # Datasheet peak DRAM bandwidth by product-name fragment; the first match wins.
 PEAK_DRAM_BYTES_PER_SECOND = (

@@ -6,8 +6,8 @@ from typing import Any
 
 from exporter.collectors.base import Context, register
 from exporter.collectors.gpu import GpuCollector
+from exporter.gpu_readings import Ecc
 from exporter.nvml import const as N
-from exporter.readings import Ecc
 
 
 class EccCollector(GpuCollector):

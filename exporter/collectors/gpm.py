@@ -11,8 +11,8 @@ from typing import Any
 
 from exporter.collectors.base import Context, register
 from exporter.collectors.gpu import GpuCollector
+from exporter.gpu_readings import Profiling
 from exporter.nvml import const as N
-from exporter.readings import Profiling
 
 MIB = 1024 * 1024
 # metric id -> (Profiling field, scale to base units)

@@ -9,9 +9,9 @@ from typing import Any
 
 from exporter.collectors.base import Context, register
 from exporter.collectors.gpu import GpuCollector
+from exporter.gpu_readings import NvLink, NvLinkPort, Pcie
 from exporter.nvml import NvmlError
 from exporter.nvml import const as N
-from exporter.readings import NvLink, NvLinkPort, Pcie
 
 PCIE_FIELDS = [
     (N.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0),

@@ -6,9 +6,9 @@ from typing import Any
 
 from exporter.collectors.base import Context, register
 from exporter.collectors.gpu import GpuCollector
+from exporter.gpu_readings import Mig, MigInstance
 from exporter.nvml import NvmlError, decode
 from exporter.nvml import const as N
-from exporter.readings import Mig, MigInstance
 
 
 class MigCollector(GpuCollector):

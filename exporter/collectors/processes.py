@@ -8,8 +8,8 @@ import psutil
 
 from exporter.collectors.base import Context, register
 from exporter.collectors.gpu import GpuCollector
+from exporter.gpu_readings import GpuProcess, Processes
 from exporter.nvml import const as N
-from exporter.readings import GpuProcess, Processes
 
 
 def process_name(pid: int) -> str:

@@ -6,8 +6,8 @@ from typing import Any
 
 from exporter.collectors.base import Context, register
 from exporter.collectors.gpu import GpuCollector
+from exporter.gpu_readings import Clocks, Memory, Power, Utilization
 from exporter.nvml import const as N
-from exporter.readings import Clocks, Memory, Power, Utilization
 
 # Clock-event reason bit -> label; GpuIdle is no throttle and stays out.
 REASONS = {

@@ -8,9 +8,9 @@ from collections import Counter
 from typing import Any
 
 from exporter.collectors.base import Context, Output, register
+from exporter.gpu_readings import Xid
 from exporter.nvml import Nvml, NvmlError
 from exporter.nvml import const as N
-from exporter.readings import Xid
 
 log = logging.getLogger(__name__)
 

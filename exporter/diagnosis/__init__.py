@@ -6,7 +6,7 @@ rule table, `thresholds.Thresholds` every number the rules compare against.
 
 from __future__ import annotations
 
-from exporter.diagnosis.engine import Diagnoser
+from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.diagnosis.model import Diagnosis, Finding, FindingStates, OomRisk, OomRiskRatios
 from exporter.diagnosis.thresholds import Thresholds
 

@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 from exporter.collectors.allocator import AllocatorProbes
 from exporter.engines.readings import EngineGpus, Engines, EngineSeries, EngineTargetReading
-from exporter.readings import (
+from exporter.gpu_readings import (
     Clocks,
     DeviceFacts,
     Ecc,

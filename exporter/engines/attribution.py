@@ -10,7 +10,7 @@ hostPID.
 from __future__ import annotations
 
 from exporter.engines.readings import EngineGpu, EngineGpus, Engines
-from exporter.readings import Processes
+from exporter.gpu_readings import Processes
 from exporter.snapshot import Snapshot
 
 

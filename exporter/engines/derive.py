@@ -85,7 +85,7 @@ class Derived:
     latency_quantiles: tuple[LatencyQuantile, ...] = ()
 
 
-class History:
+class ScrapeWindow:
     """The recent scrapes of one series (model, dp) of one target."""
 
     def __init__(self, keep_s: float = KEEP_S) -> None:
@@ -186,7 +186,7 @@ def _offered(old: Raw, cur: Raw, dt: float) -> float | None:
     return max(finished + rejected + inflight(cur) - inflight(old), 0.0) / dt
 
 
-def _quantiles(history: History, cur: Raw) -> list[LatencyQuantile]:
+def _quantiles(history: ScrapeWindow, cur: Raw) -> list[LatencyQuantile]:
     out: list[LatencyQuantile] = []
     for window, seconds in WINDOWS:
         base = history.baseline(seconds)

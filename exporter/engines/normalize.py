@@ -22,7 +22,7 @@ SeriesKey = tuple[str | None, str | None]  # (model, dp)
 
 
 @dataclass(frozen=True)
-class Rule:
+class Source:
     field: str
     source: str  # sample name without _total / _bucket / _sum / _count
     part: str = "value"  # value | hist | sum (a histogram's or summary's _sum) | info | config
@@ -34,78 +34,78 @@ class Rule:
     scale: float = 1.0
 
 
-def _rules(*rules: Rule) -> tuple[Rule, ...]:
-    return rules
+def _sources(*sources: Source) -> tuple[Source, ...]:
+    return sources
 
 
 # Mapping fields (a dict per series) are those with a key_label or key.
 MAP_FIELDS = frozenset({"requests_waiting_by_reason", "requests"})
 HIST_FIELDS = ("ttft", "itl", "e2e", "queue", "prefill", "decode")
 
-VLLM = _rules(
-    Rule("requests_running", "vllm:num_requests_running"),
-    Rule("requests_waiting", "vllm:num_requests_waiting"),
-    Rule("requests_waiting_by_reason", "vllm:num_requests_waiting_by_reason", key_label="reason"),
-    Rule("kv_cache_usage_ratio", "vllm:kv_cache_usage_perc"),
-    Rule("kv_cache_usage_ratio", "vllm:gpu_cache_usage_perc", fallback=True),
-    Rule("preemptions", "vllm:num_preemptions"),
-    Rule("estimated_flops_per_gpu", "vllm:estimated_flops_per_gpu"),
-    Rule("estimated_read_bytes_per_gpu", "vllm:estimated_read_bytes_per_gpu"),
-    Rule("prompt_tokens", "vllm:prompt_tokens"),
-    Rule("generation_tokens", "vllm:generation_tokens"),
-    Rule("prompt_tokens_cached", "vllm:prompt_tokens_cached"),
-    Rule("requests", "vllm:request_success", key_label="finished_reason"),
-    Rule("rejected_requests", "vllm:admission_rejections"),
-    Rule("prefix_cache_queries", "vllm:prefix_cache_queries"),
-    Rule("prefix_cache_queries", "vllm:gpu_prefix_cache_queries", fallback=True),
-    Rule("prefix_cache_hits", "vllm:prefix_cache_hits"),
-    Rule("prefix_cache_hits", "vllm:gpu_prefix_cache_hits", fallback=True),
-    Rule("spec_decode_draft_tokens", "vllm:spec_decode_num_draft_tokens"),
-    Rule("spec_decode_accepted_tokens", "vllm:spec_decode_num_accepted_tokens"),
-    Rule("ttft", "vllm:time_to_first_token_seconds", "hist"),
-    Rule("itl", "vllm:inter_token_latency_seconds", "hist"),
-    Rule("itl", "vllm:time_per_output_token_seconds", "hist", fallback=True),
-    Rule("e2e", "vllm:e2e_request_latency_seconds", "hist"),
-    Rule("queue", "vllm:request_queue_time_seconds", "hist"),
-    Rule("prefill", "vllm:request_prefill_time_seconds", "hist"),
-    Rule("decode", "vllm:request_decode_time_seconds", "hist"),
-    Rule("cache_config", "vllm:cache_config_info", "info"),
+VLLM = _sources(
+    Source("requests_running", "vllm:num_requests_running"),
+    Source("requests_waiting", "vllm:num_requests_waiting"),
+    Source("requests_waiting_by_reason", "vllm:num_requests_waiting_by_reason", key_label="reason"),
+    Source("kv_cache_usage_ratio", "vllm:kv_cache_usage_perc"),
+    Source("kv_cache_usage_ratio", "vllm:gpu_cache_usage_perc", fallback=True),
+    Source("preemptions", "vllm:num_preemptions"),
+    Source("estimated_flops_per_gpu", "vllm:estimated_flops_per_gpu"),
+    Source("estimated_read_bytes_per_gpu", "vllm:estimated_read_bytes_per_gpu"),
+    Source("prompt_tokens", "vllm:prompt_tokens"),
+    Source("generation_tokens", "vllm:generation_tokens"),
+    Source("prompt_tokens_cached", "vllm:prompt_tokens_cached"),
+    Source("requests", "vllm:request_success", key_label="finished_reason"),
+    Source("rejected_requests", "vllm:admission_rejections"),
+    Source("prefix_cache_queries", "vllm:prefix_cache_queries"),
+    Source("prefix_cache_queries", "vllm:gpu_prefix_cache_queries", fallback=True),
+    Source("prefix_cache_hits", "vllm:prefix_cache_hits"),
+    Source("prefix_cache_hits", "vllm:gpu_prefix_cache_hits", fallback=True),
+    Source("spec_decode_draft_tokens", "vllm:spec_decode_num_draft_tokens"),
+    Source("spec_decode_accepted_tokens", "vllm:spec_decode_num_accepted_tokens"),
+    Source("ttft", "vllm:time_to_first_token_seconds", "hist"),
+    Source("itl", "vllm:inter_token_latency_seconds", "hist"),
+    Source("itl", "vllm:time_per_output_token_seconds", "hist", fallback=True),
+    Source("e2e", "vllm:e2e_request_latency_seconds", "hist"),
+    Source("queue", "vllm:request_queue_time_seconds", "hist"),
+    Source("prefill", "vllm:request_prefill_time_seconds", "hist"),
+    Source("decode", "vllm:request_decode_time_seconds", "hist"),
+    Source("cache_config", "vllm:cache_config_info", "info"),
 )
 
-SGLANG = _rules(
-    Rule("requests_running", "sglang:num_running_reqs"),
-    Rule("requests_waiting", "sglang:num_queue_reqs"),
-    Rule("kv_cache_usage_ratio", "sglang:token_usage"),
-    Rule("preemptions", "sglang:num_retracted_requests"),
-    Rule("prompt_tokens", "sglang:prompt_tokens"),
-    Rule("generation_tokens", "sglang:generation_tokens"),
-    Rule("prompt_tokens_cached", "sglang:cached_tokens"),
-    Rule("requests", "sglang:num_requests", key="finished"),
-    Rule("prefix_hit_ratio_reported", "sglang:cache_hit_rate"),
-    Rule("spec_accept_ratio_reported", "sglang:spec_accept_rate"),
-    Rule("ttft", "sglang:time_to_first_token_seconds", "hist"),
-    Rule("itl", "sglang:inter_token_latency_seconds", "hist"),
-    Rule("itl", "sglang:time_per_output_token_seconds", "hist", fallback=True),
-    Rule("e2e", "sglang:e2e_request_latency_seconds", "hist"),
-    Rule("queue", "sglang:queue_time_seconds", "hist"),
-    Rule("cache_config", "sglang:max_total_num_tokens", "config", key="max_total_num_tokens"),
+SGLANG = _sources(
+    Source("requests_running", "sglang:num_running_reqs"),
+    Source("requests_waiting", "sglang:num_queue_reqs"),
+    Source("kv_cache_usage_ratio", "sglang:token_usage"),
+    Source("preemptions", "sglang:num_retracted_requests"),
+    Source("prompt_tokens", "sglang:prompt_tokens"),
+    Source("generation_tokens", "sglang:generation_tokens"),
+    Source("prompt_tokens_cached", "sglang:cached_tokens"),
+    Source("requests", "sglang:num_requests", key="finished"),
+    Source("prefix_hit_ratio_reported", "sglang:cache_hit_rate"),
+    Source("spec_accept_ratio_reported", "sglang:spec_accept_rate"),
+    Source("ttft", "sglang:time_to_first_token_seconds", "hist"),
+    Source("itl", "sglang:inter_token_latency_seconds", "hist"),
+    Source("itl", "sglang:time_per_output_token_seconds", "hist", fallback=True),
+    Source("e2e", "sglang:e2e_request_latency_seconds", "hist"),
+    Source("queue", "sglang:queue_time_seconds", "hist"),
+    Source("cache_config", "sglang:max_total_num_tokens", "config", key="max_total_num_tokens"),
 )
 
-TGI = _rules(
-    Rule("requests_running", "tgi_batch_current_size"),
-    Rule("requests_waiting", "tgi_queue_size"),
-    Rule("prompt_tokens", "tgi_request_input_length", "sum"),
-    Rule("generation_tokens", "tgi_request_generated_tokens", "sum"),
-    Rule("requests", "tgi_request_success", key="success"),
-    Rule("requests", "tgi_request_failure", key_label="err", exclude=("err", "overloaded")),
-    Rule("rejected_requests", "tgi_request_failure", only=("err", "overloaded")),
-    Rule("arrivals", "tgi_request_count"),
-    Rule("itl", "tgi_request_mean_time_per_token_duration", "hist"),
-    Rule("e2e", "tgi_request_duration", "hist"),
-    Rule("queue", "tgi_request_queue_duration", "hist"),
+TGI = _sources(
+    Source("requests_running", "tgi_batch_current_size"),
+    Source("requests_waiting", "tgi_queue_size"),
+    Source("prompt_tokens", "tgi_request_input_length", "sum"),
+    Source("generation_tokens", "tgi_request_generated_tokens", "sum"),
+    Source("requests", "tgi_request_success", key="success"),
+    Source("requests", "tgi_request_failure", key_label="err", exclude=("err", "overloaded")),
+    Source("rejected_requests", "tgi_request_failure", only=("err", "overloaded")),
+    Source("arrivals", "tgi_request_count"),
+    Source("itl", "tgi_request_mean_time_per_token_duration", "hist"),
+    Source("e2e", "tgi_request_duration", "hist"),
+    Source("queue", "tgi_request_queue_duration", "hist"),
 )
 
-TABLES: Mapping[str, tuple[Rule, ...]] = {"vllm": VLLM, "sglang": SGLANG, "tgi": TGI}
+TABLES: Mapping[str, tuple[Source, ...]] = {"vllm": VLLM, "sglang": SGLANG, "tgi": TGI}
 PREFIXES = (("vllm", "vllm:"), ("sglang", "sglang:"), ("tgi", "tgi_"))
 MODEL_LABELS = ("model_name", "name")  # SGLang's first releases called it `name`
 DP_LABELS: Mapping[str, str] = {"vllm": "engine", "sglang": "dp_rank"}
@@ -187,16 +187,16 @@ def normalize(families: list[Metric], kind: str | None = None) -> Normalized | N
     if kind is None:
         return None
     rules = TABLES[kind]
-    by_source: dict[str, list[Rule]] = defaultdict(list)
+    by_source: dict[str, list[Source]] = defaultdict(list)
     for rule in rules:
         by_source[rule.source].append(rule)
     hist_sources = {r.source for r in rules if r.part in ("hist", "sum")}
     dp_label = DP_LABELS.get(kind)
 
-    scalars: dict[tuple[Rule, SeriesKey], float] = defaultdict(float)
-    maps: dict[tuple[Rule, SeriesKey], dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    hists: dict[tuple[Rule, SeriesKey], _Hist] = defaultdict(_Hist)
-    configs: dict[tuple[Rule, SeriesKey], dict[str, str]] = defaultdict(dict)
+    scalars: dict[tuple[Source, SeriesKey], float] = defaultdict(float)
+    maps: dict[tuple[Source, SeriesKey], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    hists: dict[tuple[Source, SeriesKey], _Hist] = defaultdict(_Hist)
+    configs: dict[tuple[Source, SeriesKey], dict[str, str]] = defaultdict(dict)
     total = 0
     cpu: float | None = None
 
@@ -261,7 +261,7 @@ def normalize(families: list[Metric], kind: str | None = None) -> Normalized | N
 
     present = {r.field for (r, _) in (*scalars, *maps, *hists, *configs) if not r.fallback}
 
-    def wanted(rule: Rule) -> bool:
+    def wanted(rule: Source) -> bool:
         return not rule.fallback or rule.field not in present
 
     out: dict[SeriesKey, _Out] = defaultdict(_Out)

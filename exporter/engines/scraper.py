@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, replace
 import httpx
 
 from exporter.engines import processes
-from exporter.engines.derive import History
+from exporter.engines.derive import ScrapeWindow
+from exporter.engines.fetch import Limits, ScrapeError, fetch, parse
 from exporter.engines.normalize import Normalized, Raw, SeriesKey, normalize
 from exporter.engines.readings import (
     SCRAPE_ERRORS,
@@ -32,7 +33,6 @@ from exporter.engines.readings import (
     EngineUp,
     ProcessCpu,
 )
-from exporter.engines.scrape import Limits, ScrapeError, fetch, parse
 from exporter.engines.targets import Target
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class _State:
     kind: str | None
     model: str | None = None
     errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SCRAPE_ERRORS, 0))
-    histories: dict[SeriesKey, History] = field(default_factory=dict)
+    histories: dict[SeriesKey, ScrapeWindow] = field(default_factory=dict)
     series_count: int | None = None
     tree: dict[int, str | None] = field(default_factory=dict)
     tree_at: float = -1e18  # monotonic time of the last tree read
@@ -239,7 +239,7 @@ class EngineScraper:
             for key in [k for k in state.histories if k not in norm.series]:
                 del state.histories[key]
             for key, raw in sorted(norm.series.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
-                history = state.histories.setdefault(key, History())
+                history = state.histories.setdefault(key, ScrapeWindow())
                 history.add(now, raw)
                 series.append(_series(norm.kind, key, raw, history))
             models = sorted({m for (m, _) in norm.series if m})
@@ -380,7 +380,7 @@ def _port(url: str) -> int | None:
         return None
 
 
-def _series(kind: str, key: SeriesKey, raw: Raw, history: History) -> EngineSeries:
+def _series(kind: str, key: SeriesKey, raw: Raw, history: ScrapeWindow) -> EngineSeries:
     model, dp = key
     d = history.derive()
     v = raw.values

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from exporter.diagnosis.engine import Diagnoser
+from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.diagnosis.frame import EngineFrame, Frame, GpuFrame
 from exporter.diagnosis.history import History
 from exporter.diagnosis.model import Candidate, Rule

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from test_diagnosis_builders import engine, feed, frame, gpu, steady
 
-from exporter.diagnosis.engine import Diagnoser, _State, step_state
+from exporter.diagnosis.diagnoser import Diagnoser, _State, step_state
 from exporter.diagnosis.model import Candidate, Subject
 from exporter.diagnosis.rules import RULES
 from exporter.diagnosis.thresholds import DEFAULT

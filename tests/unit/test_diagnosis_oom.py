@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from test_diagnosis_builders import GIB, engine, feed, frame, gpu
 
-from exporter.diagnosis.engine import Diagnoser
+from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.diagnosis.frame import AllocFrame, Frame, MigFrame
 from exporter.diagnosis.history import History
 from exporter.diagnosis.model import OomRisk

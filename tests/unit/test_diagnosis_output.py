@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from test_diagnosis_builders import engine, feed, frame, gpu
 
-from exporter.diagnosis.engine import Diagnoser
+from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.diagnosis.model import Diagnosis
 from exporter.diagnosis.page import render_page
 from exporter.diagnosis.report import exit_code, render_text

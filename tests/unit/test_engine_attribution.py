@@ -10,8 +10,8 @@ from exporter.engines.readings import (
     EngineTargetReading,
     EngineUp,
 )
+from exporter.gpu_readings import GpuProcess, Processes
 from exporter.metricdef import samples
-from exporter.readings import GpuProcess, Processes
 from exporter.snapshot import GpuState, Snapshot
 
 

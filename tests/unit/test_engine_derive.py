@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from exporter.engines.derive import History, histogram_delta, histogram_quantile
+from exporter.engines.derive import ScrapeWindow, histogram_delta, histogram_quantile
 from exporter.engines.normalize import Raw
 from exporter.metricdef import Histogram
 
@@ -51,7 +51,7 @@ def test_delta_subtracts_bucketwise_and_survives_changed_bounds() -> None:
 
 
 def test_rates_use_the_clock_and_the_one_minute_window() -> None:
-    h = History()
+    h = ScrapeWindow()
     for t in range(0, 121, 10):  # 10 tokens/s in, 30 out
         h.add(1000.0 + t, raw(prompt_tokens=10.0 * t, generation_tokens=30.0 * t, preemptions=0.0))
     d = h.derive()
@@ -61,14 +61,14 @@ def test_rates_use_the_clock_and_the_one_minute_window() -> None:
 
 
 def test_a_single_scrape_derives_nothing() -> None:
-    h = History()
+    h = ScrapeWindow()
     h.add(5.0, raw(prompt_tokens=100.0))
     d = h.derive()
     assert d.prompt_tokens_per_second is None and d.latency_quantiles == ()
 
 
 def test_counter_reset_starts_the_history_over() -> None:
-    h = History()
+    h = ScrapeWindow()
     h.add(0.0, raw(generation_tokens=5000.0))
     h.add(10.0, raw(generation_tokens=6000.0))
     h.add(20.0, raw(generation_tokens=50.0))  # the engine restarted
@@ -79,7 +79,7 @@ def test_counter_reset_starts_the_history_over() -> None:
 
 
 def test_hit_and_acceptance_ratios_are_absent_while_idle() -> None:
-    h = History()
+    h = ScrapeWindow()
     h.add(
         0.0,
         raw(
@@ -115,7 +115,7 @@ def test_hit_and_acceptance_ratios_are_absent_while_idle() -> None:
 
 
 def test_reported_ratios_stand_in_where_an_engine_has_no_counters() -> None:
-    h = History()
+    h = ScrapeWindow()
     h.add(0.0, raw(prefix_hit_ratio_reported=0.4, spec_accept_ratio_reported=0.0))
     h.add(10.0, raw(prefix_hit_ratio_reported=0.41, spec_accept_ratio_reported=0.0))
     d = h.derive()
@@ -124,7 +124,7 @@ def test_reported_ratios_stand_in_where_an_engine_has_no_counters() -> None:
 
 
 def test_offered_rate_counts_finished_rejected_and_queue_growth() -> None:
-    h = History()
+    h = ScrapeWindow()
     h.add(
         0.0,
         Raw(
@@ -144,14 +144,14 @@ def test_offered_rate_counts_finished_rejected_and_queue_growth() -> None:
 
 
 def test_offered_rate_prefers_an_arrival_counter() -> None:
-    h = History()
+    h = ScrapeWindow()
     h.add(0.0, Raw(values={"arrivals": 10.0}, maps={"requests": {"success": 0.0}}))
     h.add(20.0, Raw(values={"arrivals": 110.0}, maps={"requests": {"success": 50.0}}))
     assert h.derive().request_rate_per_second == pytest.approx(5.0)
 
 
 def test_quantiles_cover_only_the_window() -> None:
-    h = History()
+    h = ScrapeWindow()
     bounds = (0.05, 0.1, 0.5, 1.0, INF)
     # 0-300 s: 100 slow requests (0.5-1 s); 300-360 s: 100 fast ones (<= 0.05 s)
     h.add(0.0, Raw(hists={"ttft": hist(0, 0, 0, 0, 0, bounds=bounds)}))
@@ -165,7 +165,7 @@ def test_quantiles_cover_only_the_window() -> None:
 
 
 def test_quantiles_absent_when_no_request_finished_in_the_window() -> None:
-    h = History()
+    h = ScrapeWindow()
     same = hist(3, 3, 3, 3)
     h.add(0.0, Raw(hists={"ttft": same}))
     h.add(400.0, Raw(hists={"ttft": same}))
@@ -173,7 +173,7 @@ def test_quantiles_absent_when_no_request_finished_in_the_window() -> None:
 
 
 def test_history_stays_bounded() -> None:
-    h = History()
+    h = ScrapeWindow()
     for t in range(5000):
         h.add(float(t), raw(prompt_tokens=float(t)))
     assert len(h.points) <= 302  # five minutes at 1 s, plus the baseline

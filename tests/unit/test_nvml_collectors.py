@@ -5,8 +5,7 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from exporter.nvml import Nvml, NvmlError
-from exporter.readings import (
+from exporter.gpu_readings import (
     Clocks,
     Ecc,
     Memory,
@@ -19,6 +18,7 @@ from exporter.readings import (
     Utilization,
     Xid,
 )
+from exporter.nvml import Nvml, NvmlError
 from exporter.sim import fakenvml
 from exporter.sim.scenario import MODELS
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from exporter.collectors.base import Output
-from exporter.readings import Power, Utilization
+from exporter.gpu_readings import Power, Utilization
 from exporter.runner import Runner
 
 HANG = """
