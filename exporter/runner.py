@@ -82,9 +82,7 @@ class Runner:
 
     def start(self) -> None:
         for slot in self._slots:
-            starter = getattr(slot.collector, "start", None)
-            if starter is not None:
-                starter()
+            slot.collector.start()
             self._spawn(f"collector-{slot.collector.name}", self._loop, slot)
         self._spawn("publisher", self._publish_loop)
 
@@ -96,9 +94,7 @@ class Runner:
     def stop(self) -> None:
         self._stop.set()
         for slot in self._slots:
-            stopper = getattr(slot.collector, "stop", None)
-            if stopper is not None:
-                stopper()
+            slot.collector.stop()
 
     def _loop(self, slot: _Slot) -> None:
         while not self._stop.is_set():
@@ -142,9 +138,7 @@ class Runner:
     def step(self) -> Rendered:
         """Run every collector once, synchronously, then publish (stepped simulation, CLI)."""
         for slot in self._slots:
-            refresh = getattr(slot.collector, "refresh", None)
-            if refresh is not None:
-                refresh()
+            slot.collector.refresh()
             self.run_collector(slot)
         return self.publish()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from exporter.collectors.base import Context, Output, register
+from exporter.collectors.base import Collector, Context, Output, register
 from exporter.metricdef import counter, gauge, label, nested
 from exporter.nvml import Nvml, NvmlError, decode
 from exporter.nvml import const as N
@@ -65,7 +65,7 @@ class AllocatorProbes:
     reports: tuple[ProbeReport, ...] = ()  # for the diagnosis; not exported
 
 
-class AllocatorCollector:
+class AllocatorCollector(Collector):
     name = "allocator"
 
     def __init__(self, ctx: Context) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from exporter.config import Settings
@@ -29,19 +29,31 @@ class Output:
     unsupported: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # gpu -> families
 
 
-class Collector(Protocol):
-    name: str
-    interval_s: float
+class Collector:
+    """One source of readings. The runner owns its lifecycle:
 
-    def collect(self) -> Output: ...
+    `start()` once before the first `collect()` (collectors with background work of their
+    own, such as the XID event thread or the engine scraper's event loop, begin it here);
+    `collect()` on the collector's own thread every `interval_s`, returning what the
+    collector knows now; `refresh()` before `collect()` in stepped runs (simulation, CLI),
+    doing synchronously what the background work would have done by then; `stop()` once
+    at the end, returning only when the collector's threads are done.
+    """
 
+    name: str = ""
+    interval_s: float = 1.0
 
-class Startable(Protocol):
-    """Collectors with a thread of their own (XID events) also start and stop."""
+    def collect(self) -> Output:
+        raise NotImplementedError
 
-    def start(self) -> None: ...
+    def start(self) -> None:
+        """Begin background work; nothing for most collectors."""
 
-    def stop(self) -> None: ...
+    def refresh(self) -> None:
+        """Catch up synchronously in stepped runs; nothing for most collectors."""
+
+    def stop(self) -> None:
+        """End background work and wait for it; nothing for most collectors."""
 
 
 @dataclass(frozen=True)
@@ -64,16 +76,25 @@ class Registration:
     factory: Factory
     default_enabled: bool
     help: str
+    nvml: bool  # needs an NVML session: left out when there is none
 
 
 REGISTRY: dict[str, Registration] = {}
 
 
-def register(name: str, help: str, *, default: bool = True) -> Callable[[Factory], Factory]:
-    """Decorator: `@register("memory", "...")` on a factory taking a Context."""
+def register(
+    name: str, help: str, *, default: bool = True, nvml: bool = False
+) -> Callable[[Factory], Factory]:
+    """Decorator: `@register("memory", "...", nvml=True)` on a factory taking a Context.
+
+    `default` says whether the collector runs unless switched off (`--no-collector NAME`);
+    `nvml` that it reads the GPUs through NVML and is built only when NVML is there.
+    """
 
     def wrap(factory: Factory) -> Factory:
-        REGISTRY[name] = Registration(name, factory, default, help)
+        if name in REGISTRY and REGISTRY[name].factory is not factory:
+            raise ValueError(f"collector {name!r} is registered twice")
+        REGISTRY[name] = Registration(name, factory, default, help, nvml)
         return factory
 
     return wrap

@@ -8,29 +8,9 @@ from typing import Any
 from exporter.collectors.base import Context, register
 from exporter.collectors.gpu import GpuCollector
 from exporter.gpu_readings import DeviceFacts
+from exporter.gpu_specs import spec_of
 from exporter.nvml import const as N
 from exporter.nvml import decode
-
-# Datasheet peak DRAM bandwidth by product-name fragment; the first match wins.
-PEAK_DRAM_BYTES_PER_SECOND = (
-    ("H200", 4800e9),
-    ("H100 NVL", 3900e9),
-    ("H100 PCIe", 2000e9),
-    ("H100", 3350e9),
-    ("H800", 3350e9),
-    ("A100-SXM4-80GB", 2039e9),
-    ("A100 80GB PCIe", 1935e9),
-    ("A100", 1555e9),
-    ("L40S", 864e9),
-    ("L4", 300e9),
-    ("A10G", 600e9),
-    ("A10", 600e9),
-    ("B200", 8000e9),
-)
-
-
-def peak_dram_bandwidth(name: str) -> float | None:
-    return next((bw for key, bw in PEAK_DRAM_BYTES_PER_SECOND if key in name), None)
 
 
 class DeviceCollector(GpuCollector):
@@ -74,6 +54,7 @@ class DeviceCollector(GpuCollector):
         limits = q(N.nvmlDeviceGetPowerManagementLimitConstraints, h)
         sm_max = q(N.nvmlDeviceGetMaxClockInfo, h, N.NVML_CLOCK_SM)
         mem_max = q(N.nvmlDeviceGetMaxClockInfo, h, N.NVML_CLOCK_MEM)
+        spec = spec_of(name)
         labels = {
             "name": name,
             "pci_bus_id": bus_id,
@@ -90,12 +71,12 @@ class DeviceCollector(GpuCollector):
             sm_clock_max_hertz=sm_max * 1e6 if sm_max is not None else None,
             memory_clock_max_hertz=mem_max * 1e6 if mem_max is not None else None,
             power_limit_max_watts=limits[1] / 1000 if limits is not None else None,
-            dram_bandwidth_peak_bytes_per_second=peak_dram_bandwidth(name),
+            dram_bandwidth_peak_bytes_per_second=spec.dram_bandwidth_bytes_per_second if spec else None,
             pcie_link_generation_max=q(N.nvmlDeviceGetMaxPcieLinkGeneration, h),
             pcie_link_width_max=q(N.nvmlDeviceGetMaxPcieLinkWidth, h),
         )
 
 
-@register("device", "GPU identity, driver, NUMA node, modes and limits (every 60 s)")
+@register("device", "GPU identity, driver, NUMA node, modes and limits (every 60 s)", nvml=True)
 def _factory(ctx: Context) -> DeviceCollector:
     return DeviceCollector(ctx)

@@ -32,6 +32,6 @@ class EccCollector(GpuCollector):
         )
 
 
-@register("ecc", "ECC error counters and row remapping (every 10 intervals)")
+@register("ecc", "ECC error counters and row remapping (every 10 intervals)", nvml=True)
 def _factory(ctx: Context) -> EccCollector:
     return EccCollector(ctx)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from exporter.collectors.base import Context, Output, register
+from exporter.collectors.base import Collector, Context, Output, register
 from exporter.config import ConfigError, Settings
 from exporter.engines import discovery
 from exporter.engines.scraper import Discoverer, EngineScraper, ScrapeConfig
 from exporter.engines.targets import Target, TargetError, parse_spec
 
 
-class EnginesCollector:
+class EnginesCollector(Collector):
     """Owns an EngineScraper; `collect()` returns what it last published, never scrapes."""
 
     name = "engines"

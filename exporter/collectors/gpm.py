@@ -94,6 +94,6 @@ class GpmCollector(GpuCollector):
         self._state.pop(index, None)
 
 
-@register("gpm", "GPM profiling: SM/tensor/DRAM activity, pipes, PCIe and NVLink rates (Hopper+)")
+@register("gpm", "GPM profiling: SM/tensor/DRAM activity, pipes, PCIe and NVLink rates (Hopper+)", nvml=True)
 def _factory(ctx: Context) -> GpmCollector:
     return GpmCollector(ctx)

@@ -5,13 +5,17 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from exporter.collectors.base import Context, Output
+from exporter.collectors.base import Collector, Context, Output
 from exporter.metricdef import has_value
 from exporter.nvml import DEVICE_GONE, Nvml, NvmlError
 
 
-class GpuCollector:
-    """Subclasses set `name`, `default_interval` and implement `read()` for one GPU."""
+class GpuCollector(Collector):
+    """Subclasses set `name`, `default_interval` and implement `read()` for one GPU.
+
+    `forget(index)` drops what a subclass keeps per GPU once the GPU stopped answering,
+    so a GPU that comes back starts afresh.
+    """
 
     name = ""
     default_interval = 1.0  # in multiples of Settings.interval when `follows_interval`
@@ -26,6 +30,9 @@ class GpuCollector:
     def read(self, index: int, handle: Any) -> object | None:
         raise NotImplementedError
 
+    def forget(self, index: int) -> None:
+        """Drop per-GPU state; nothing for collectors that keep none."""
+
     def collect(self) -> Output:
         gpus: dict[int, tuple[object, ...]] = {}
         gpu_errors: dict[int, str] = {}
@@ -39,6 +46,7 @@ class GpuCollector:
                 errors[err.name] += 1
                 if err.name in DEVICE_GONE:
                     self.nvml.forget(index)
+                    self.forget(index)
                 continue
             if reading is not None and has_value(reading):
                 gpus[index] = (reading,)

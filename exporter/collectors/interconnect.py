@@ -115,11 +115,11 @@ class NvLinkCollector(GpuCollector):
         } or None
 
 
-@register("pcie", "PCIe byte counters, replays and link generation/width")
+@register("pcie", "PCIe byte counters, replays and link generation/width", nvml=True)
 def _pcie(ctx: Context) -> PcieCollector:
     return PcieCollector(ctx)
 
 
-@register("nvlink", "NVLink state, byte counters and error counters per link")
+@register("nvlink", "NVLink state, byte counters and error counters per link", nvml=True)
 def _nvlink(ctx: Context) -> NvLinkCollector:
     return NvLinkCollector(ctx)

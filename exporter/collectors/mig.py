@@ -47,6 +47,6 @@ class MigCollector(GpuCollector):
         return Mig(enabled=1, instances=tuple(instances))
 
 
-@register("mig", "MIG mode and per-instance memory and SMs (every 5 intervals)")
+@register("mig", "MIG mode and per-instance memory and SMs (every 5 intervals)", nvml=True)
 def _factory(ctx: Context) -> MigCollector:
     return MigCollector(ctx)

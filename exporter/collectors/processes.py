@@ -44,6 +44,6 @@ class ProcessesCollector(GpuCollector):
         return Processes(count=len(items), items=tuple(items))
 
 
-@register("processes", "Compute processes per GPU with their memory (every 5 intervals)")
+@register("processes", "Compute processes per GPU with their memory (every 5 intervals)", nvml=True)
 def _factory(ctx: Context) -> ProcessesCollector:
     return ProcessesCollector(ctx)

@@ -97,21 +97,21 @@ class PowerCollector(GpuCollector):
         )
 
 
-@register("utilization", "NVML GPU and memory busy time")
+@register("utilization", "NVML GPU and memory busy time", nvml=True)
 def _utilization(ctx: Context) -> UtilizationCollector:
     return UtilizationCollector(ctx)
 
 
-@register("memory", "Framebuffer used/free/reserved and BAR1")
+@register("memory", "Framebuffer used/free/reserved and BAR1", nvml=True)
 def _memory(ctx: Context) -> MemoryCollector:
     return MemoryCollector(ctx)
 
 
-@register("clocks", "SM and memory clocks, clock-event (throttle) reasons and their durations")
+@register("clocks", "SM and memory clocks, clock-event (throttle) reasons and their durations", nvml=True)
 def _clocks(ctx: Context) -> ClocksCollector:
     return ClocksCollector(ctx)
 
 
-@register("power", "Power draw, enforced limit, energy counter, GPU and HBM temperature")
+@register("power", "Power draw, enforced limit, energy counter, GPU and HBM temperature", nvml=True)
 def _power(ctx: Context) -> PowerCollector:
     return PowerCollector(ctx)

@@ -7,7 +7,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from exporter.collectors.base import Context, Output, register
+from exporter.collectors.base import Collector, Context, Output, register
 from exporter.gpu_readings import Xid
 from exporter.nvml import Nvml, NvmlError
 from exporter.nvml import const as N
@@ -21,7 +21,7 @@ KNOWN_XIDS = (13, 31, 43, 48, 63, 64, 74, 79, 92, 94, 95)
 WAIT_MS = 1000
 
 
-class XidCollector:
+class XidCollector(Collector):
     name = "xid"
 
     def __init__(self, ctx: Context) -> None:
@@ -129,6 +129,6 @@ class XidCollector:
             self._counts.setdefault(index, Counter())[xid] += 1
 
 
-@register("xid", "XID critical errors from NVML events (own thread)")
+@register("xid", "XID critical errors from NVML events (own thread)", nvml=True)
 def _factory(ctx: Context) -> XidCollector:
     return XidCollector(ctx)

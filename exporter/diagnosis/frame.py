@@ -29,39 +29,16 @@ from exporter.gpu_readings import (
     Utilization,
     Xid,
 )
+from exporter.gpu_specs import spec_of
 from exporter.snapshot import GpuState, Snapshot
 
 THERMAL_REASONS = ("sw_thermal", "hw_thermal", "hw_slowdown")
 POWER_REASONS = ("sw_power_cap", "hw_power_brake")
 
-# Dense BF16/FP16 tensor-core peak per GPU model (datasheet, without sparsity), for MFU.
-PEAK_FLOPS: tuple[tuple[str, float], ...] = (
-    ("GB200", 2.5e15),
-    ("B200", 2.25e15),
-    ("H200", 989e12),
-    ("H100 PCIe", 756e12),
-    ("H100", 989e12),
-    ("H800", 989e12),
-    ("A100", 312e12),
-    ("A800", 312e12),
-    ("L40S", 362e12),
-    ("L40", 181e12),
-    ("L4", 121e12),
-    ("A10G", 70e12),
-    ("A10", 125e12),
-)
-
 
 def short_target(target: str) -> str:
     """http://10.0.0.5:8000/metrics -> 10.0.0.5:8000"""
     return target.removeprefix("http://").removeprefix("https://").removesuffix("/metrics")
-
-
-def peak_flops(name: str) -> float | None:
-    for key, value in PEAK_FLOPS:
-        if key in name:
-            return value
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +113,9 @@ class GpuFrame:
 
     @property
     def peak_flops(self) -> float | None:
-        return peak_flops(self.name)
+        """Dense BF16 tensor peak of the part (datasheet), for MFU."""
+        spec = spec_of(self.name)
+        return spec.peak_bf16_flops if spec else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,6 @@ class ScenarioError(ValueError):
 class GpuModel:
     name: str
     memory_bytes: int
-    dram_peak_bytes_per_second: float
     power_limit_watts: float
     sm_clock_max_hertz: float
     memory_clock_max_hertz: float
@@ -42,12 +41,12 @@ class GpuModel:
 
 GIB = 1024**3
 MODELS: dict[str, GpuModel] = {
-    "H100-80GB-SXM": GpuModel("NVIDIA H100 80GB HBM3", 80 * GIB, 3350e9, 700.0, 1980e6, 2619e6, 18, True, 5),
-    "H200-141GB-SXM": GpuModel("NVIDIA H200", 141 * GIB, 4800e9, 700.0, 1980e6, 3201e6, 18, True, 5),
+    "H100-80GB-SXM": GpuModel("NVIDIA H100 80GB HBM3", 80 * GIB, 700.0, 1980e6, 2619e6, 18, True, 5),
+    "H200-141GB-SXM": GpuModel("NVIDIA H200", 141 * GIB, 700.0, 1980e6, 3201e6, 18, True, 5),
     "A100-80GB-SXM": GpuModel(
-        "NVIDIA A100-SXM4-80GB", 80 * GIB, 2039e9, 400.0, 1410e6, 1593e6, 12, False, 4, 16, 108
+        "NVIDIA A100-SXM4-80GB", 80 * GIB, 400.0, 1410e6, 1593e6, 12, False, 4, 16, 108
     ),
-    "L4": GpuModel("NVIDIA L4", 24 * GIB, 300e9, 72.0, 2040e6, 6251e6, 0, False, 4, 16, 58),
+    "L4": GpuModel("NVIDIA L4", 24 * GIB, 72.0, 2040e6, 6251e6, 0, False, 4, 16, 58),
 }
 
 # Per-GPU quantities a phase may set (rates are per second, ratios 0-1).

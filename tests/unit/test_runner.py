@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from exporter.collectors.base import Output
+from exporter.collectors.base import Collector, Output
 from exporter.gpu_readings import Power, Utilization
 from exporter.runner import Runner
 
@@ -34,7 +34,7 @@ def test_hung_call_stalls_only_its_collector(sim) -> None:  # type: ignore[no-un
         s.runner.stop()
 
 
-class Broken:
+class Broken(Collector):
     name = "broken"
     interval_s = 0.05
 
@@ -42,7 +42,7 @@ class Broken:
         raise RuntimeError("bug")
 
 
-class Fine:
+class Fine(Collector):
     name = "fine"
     interval_s = 0.05
 
