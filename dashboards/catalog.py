@@ -6,9 +6,6 @@ exists, that docs/metrics.md lists) or that a recording rule in alerts/ produces
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import pkgutil
 import re
 import sys
 from functools import cache
@@ -20,8 +17,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CATALOG = ROOT / "docs" / "metrics.md"
 RULES = sorted((ROOT / "alerts").glob("*.rules.yml"))
 
-# `gauge("llmgpu_...", ...)`, `counter(`, `histogram(`, `info(` in exporter/metricdef style.
-_DECLARED = re.compile(r'\b(gauge|counter|histogram|info)\(\s*"(llmgpu_[a-z0-9_]+)"', re.S)
 _NAME = re.compile(r"\bllmgpu_[a-z0-9_]+\b")
 # Series Prometheus adds itself.
 PROMETHEUS = frozenset({"up"})
@@ -29,33 +24,12 @@ PROMETHEUS = frozenset({"up"})
 
 @cache
 def declared() -> dict[str, str]:
-    """Metric name -> kind for every metric the exporter package declares.
-
-    The reading dataclasses carry their metric in field metadata (exporter/metricdef.py);
-    every importable module of the package is searched for them. Declarations in source
-    text (`gauge("llmgpu_...", ...)`) count too, for modules that cannot be imported
-    here (an optional dependency missing).
-    """
-    out: dict[str, str] = {}
-    for path in sorted((ROOT / "exporter").rglob("*.py")):
-        for kind, name in _DECLARED.findall(path.read_text(encoding="utf-8")):
-            out[name] = kind
+    """Metric name -> kind for every metric the exporter package declares (exporter.catalog)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    import exporter
+    from exporter import catalog
 
-    for info in pkgutil.walk_packages(exporter.__path__, "exporter."):
-        try:
-            module = importlib.import_module(info.name)
-        except Exception:  # an optional dependency missing: the text scan covers it
-            continue
-        for obj in vars(module).values():
-            if isinstance(obj, type) and dataclasses.is_dataclass(obj):
-                for f in dataclasses.fields(obj):
-                    metric = f.metadata.get("metric")
-                    if metric is not None:
-                        out[metric.name] = metric.kind
-    return out
+    return {metric.name: metric.kind for metric, _, _ in catalog.rows()}
 
 
 def exposed_names(kinds: dict[str, str]) -> set[str]:

@@ -1,4 +1,7 @@
-"""Diagnosis: the six-layer findings over time, the OOM-risk score, and the evidence behind each rule."""
+"""Diagnosis: findings of all seven layers over time, the OOM-risk score, the evidence of each rule.
+
+Thresholds drawn in and quoted in panel texts come from exporter.diagnosis.thresholds.
+"""
 
 from __future__ import annotations
 
@@ -23,13 +26,19 @@ from dashboards.common import (
 from dashboards.common import (
     dashboard as make_dashboard,
 )
+from exporter.diagnosis.model import LAYERS
+from exporter.diagnosis.thresholds import DEFAULT as TH
 
-LAYERS = ("hardware", "kernel", "memory", "scheduling", "parallel", "decoding", "capacity")
 F = f'{NODE}, layer=~"$layer"'
 ENG = f"{NODE}"
 THROTTLE = 'reason=~"sw_thermal|hw_thermal|hw_slowdown|sw_power_cap|hw_power_brake"'
-XID_FATAL = 'xid=~"48|64|74|79|92|94|95"'
+XID_FATAL = f'xid=~"{"|".join(str(x) for x in TH.xid_fatal)}"'
 Q1M = 'window="1m"'
+
+
+def pct(ratio: float) -> str:
+    """A threshold as the panel texts write it: 0.95 -> '95 %'."""
+    return f"{ratio * 100:g} %"
 
 
 def on_engine_gpus(metric: str) -> str:
@@ -55,11 +64,12 @@ findings = Row(
         ),
         stat(
             "Highest OOM-risk score",
-            "Highest OOM-risk score of the selected GPUs. At 0.6 the memory/oom_risk finding "
+            f"Highest OOM-risk score of the selected GPUs. At {TH.oom_finding_ratio:g} the memory/oom_risk "
+            f"finding "
             "fires and LlmGpuOomRiskHigh pages after 2 minutes.",
             [q(f"max(llmgpu_diagnosis_oom_risk_ratio{{{GPU}}})")],
             unit="percentunit",
-            steps=(("green", None), ("orange", 0.3), ("red", 0.6)),
+            steps=(("green", None), ("orange", TH.oom_finding_ratio / 2), ("red", TH.oom_finding_ratio)),
             graph=True,
             w=4,
         ),
@@ -127,12 +137,14 @@ oom = Row(
             unit="percentunit",
             min_=0,
             max_=1,
-            threshold=0.6,
+            threshold=TH.oom_finding_ratio,
         ),
         timeseries(
             "Evidence: free memory and its trend",
-            "Free framebuffer over the total (low headroom under 5 %), and where it is headed in "
-            "30 minutes at the trend of the last 5 (below 0: full before then).",
+            f"Free framebuffer over the total (low headroom under {pct(TH.oom_free_margin_ratio)}), and "
+            f"where it is "
+            f"headed in {TH.oom_time_to_full_horizon_s / 60:g} minutes at the trend of the last "
+            f"{TH.oom_trend_window_s / 60:g} (below 0: full before then).",
             [
                 q(
                     divide(
@@ -142,19 +154,21 @@ oom = Row(
                 ),
                 q(
                     divide(
-                        f"predict_linear(llmgpu_gpu_memory_free_bytes{{{GPU}}}[5m], 1800)",
+                        f"predict_linear(llmgpu_gpu_memory_free_bytes{{{GPU}}}"
+                        f"[{TH.oom_trend_window_s / 60:g}m], {TH.oom_time_to_full_horizon_s:g})",
                         f"llmgpu_gpu_memory_total_bytes{{{GPU}}}",
                     ),
-                    "GPU {{gpu}} free in 30 min",
+                    f"GPU {{{{gpu}}}} free in {TH.oom_time_to_full_horizon_s / 60:g} min",
                 ),
             ],
             unit="percentunit",
             max_=1,
-            threshold=0.05,
+            threshold=TH.oom_free_margin_ratio,
         ),
         timeseries(
             "Evidence: KV cache and preemptions (memory/kv_cache_saturated)",
-            "KV-cache usage (rule: 95 %) and preemptions per minute (rule: 3 per minute).",
+            f"KV-cache usage (rule: {pct(TH.kv_usage_min_ratio)}) and preemptions per minute (rule: "
+            f"{TH.kv_preemptions_min_per_second * 60:g} per minute).",
             [
                 q(f"llmgpu_engine_kv_cache_usage_ratio{{{ENG}}}", "{{target}} KV usage"),
                 q(f"60 * {rate('llmgpu_engine_preemptions_total', ENG)}", "{{target}} preemptions/min"),
@@ -162,7 +176,8 @@ oom = Row(
         ),
         timeseries(
             "Evidence: allocator fragmentation (memory/allocator_fragmentation)",
-            "Largest free block of the engine's allocator against the 512 MiB a full batch's "
+            f"Largest free block of the engine's allocator against the {TH.oom_typical_request_bytes >> 20} "
+            f"MiB a full batch's "
             "activations need, and the fragmentation ratio.",
             [
                 q(
@@ -209,7 +224,8 @@ hardware = Row(
     [
         timeseries(
             "Evidence: busy but idle SMs (hardware/busy_idle_sms)",
-            "NVML utilization (rule: at least 80 %) against SM active (rule: under 30 %).",
+            f"NVML utilization (rule: at least {pct(TH.busy_util_min_ratio)}) against SM active (rule: under "
+            f"{pct(TH.busy_sm_active_max_ratio)}).",
             [
                 q(
                     f"llmgpu_gpu_utilization_ratio{{{GPU}}}",
@@ -228,7 +244,7 @@ hardware = Row(
         ),
         timeseries(
             "Evidence: DRAM bandwidth (hardware/dram_bandwidth_bound)",
-            "DRAM bandwidth over peak; the rule fires at 85 %.",
+            f"DRAM bandwidth over peak; the rule fires at {pct(TH.dram_bound_ratio)}.",
             [
                 q(
                     f"llmgpu_gpu_dram_active_ratio{{{GPU}}}",
@@ -239,12 +255,12 @@ hardware = Row(
             unit="percentunit",
             min_=0,
             max_=1,
-            threshold=0.85,
+            threshold=TH.dram_bound_ratio,
         ),
         timeseries(
             "Evidence: throttling (hardware/thermal_throttle, hardware/power_throttle)",
             "Clock-event reasons active now, and the SM clock over its maximum (the power rule "
-            "needs it under 85 %).",
+            f"needs it under {pct(TH.power_throttle_clock_max_ratio)}).",
             [
                 q(
                     f"llmgpu_gpu_clock_event_active{{{GPU}, {THROTTLE}}} == 1",
@@ -260,10 +276,11 @@ hardware = Row(
         ),
         timeseries(
             "Evidence: PCIe replays (hardware/pcie_replays)",
-            "PCIe replays per minute (rule: 8 per minute over 5 minutes).",
+            f"PCIe replays per minute (rule: {TH.pcie_replays_per_minute:g} per minute over "
+            f"{TH.pcie_replay_window_s / 60:g} minutes).",
             [
                 q(
-                    f"60 * rate(llmgpu_gpu_pcie_replays_total{{{GPU}}}[5m])",
+                    f"60 * rate(llmgpu_gpu_pcie_replays_total{{{GPU}}}[{TH.pcie_replay_window_s / 60:g}m])",
                     "GPU {{gpu}}",
                     scenarios=("healthy", "pcie-tensor-parallel"),
                 )
@@ -317,7 +334,9 @@ kernel = Row(
     [
         timeseries(
             "Evidence: tensor cores idle while SMs busy (kernel/low_tensor_activity)",
-            "SM active (rule: above 50 %) against tensor active (rule: under 10 %).",
+            f"SM active (rule: above {pct(TH.tensor_sm_active_min_ratio)}) against tensor active (rule: "
+            f"under "
+            f"{pct(TH.tensor_active_max_ratio)}).",
             [
                 q(
                     f"llmgpu_gpu_sm_active_ratio{{{GPU}}}",
@@ -355,8 +374,11 @@ scheduling = Row(
     [
         timeseries(
             "Evidence: queue with idle GPUs (scheduling/queue_with_idle_gpu)",
-            "Waiting requests (rule: at least 5, not shrinking) against the SM activity of the "
-            "engine's GPUs (rule: under 50 %) and its KV-cache usage (rule: under 80 %).",
+            f"Waiting requests (rule: at least {TH.queue_waiting_min:g}, not shrinking) against the SM "
+            f"activity of the "
+            f"engine's GPUs (rule: under {pct(TH.queue_sm_active_max_ratio)}) and its KV-cache usage (rule: "
+            f"under "
+            f"{pct(TH.queue_kv_usage_max_ratio)}).",
             [
                 q(f"llmgpu_engine_requests_waiting{{{ENG}}}", "{{target}} waiting"),
                 q(
@@ -368,7 +390,7 @@ scheduling = Row(
         ),
         timeseries(
             "Evidence: API server CPU (scheduling/api_server_cpu_bound)",
-            "CPU of the engine's API server, one core = 1 (rule: 90 %).",
+            f"CPU of the engine's API server, one core = 1 (rule: {pct(TH.api_cpu_min_ratio)}).",
             [
                 q(
                     f'llmgpu_engine_process_cpu_ratio{{{ENG}, role="api_server"}}',
@@ -376,11 +398,11 @@ scheduling = Row(
                     scenarios=("healthy", "scheduler-bound"),
                 )
             ],
-            threshold=0.9,
+            threshold=TH.api_cpu_min_ratio,
         ),
         timeseries(
             "Evidence: admission rejections (scheduling/admission_rejections)",
-            "Requests refused at admission per second (rule: 0.1 per second).",
+            f"Requests refused at admission per second (rule: {TH.rejections_min_per_second:g} per second).",
             [
                 q(
                     rate("llmgpu_engine_rejected_requests_total", ENG, by="target"),
@@ -389,7 +411,7 @@ scheduling = Row(
                 )
             ],
             unit="reqps",
-            threshold=0.1,
+            threshold=TH.rejections_min_per_second,
         ),
     ],
 )
@@ -399,8 +421,9 @@ parallel = Row(
     [
         timeseries(
             "Evidence: SM imbalance in a tensor-parallel group (parallel/sm_imbalance)",
-            "Spread of SM activity between the busiest and the idlest GPU of each engine (rule: "
-            "25 points, with the busiest above 40 %).",
+            f"Spread of SM activity between the busiest and the idlest GPU of each engine (rule: "
+            f"{TH.imbalance_spread_ratio * 100:g} points, with the busiest above "
+            f"{pct(TH.imbalance_busiest_min_ratio)}).",
             [
                 q(
                     f"max by (target) (\n{on_engine_gpus('llmgpu_gpu_sm_active_ratio')}\n)\n-\n"
@@ -416,17 +439,20 @@ parallel = Row(
             unit="percentunit",
             min_=0,
             max_=1,
-            threshold=0.25,
+            threshold=TH.imbalance_spread_ratio,
         ),
         timeseries(
             "Evidence: NVLink load (parallel/nvlink_saturated, parallel/tp_over_pcie)",
-            "NVLink bytes sent per second over the capacity of the GPU's active links (25 GB/s "
-            "each; rule: 80 %). A tensor-parallel engine with no active link runs over PCIe.",
+            f"NVLink bytes sent per second over the capacity of the GPU's active links "
+            f"({TH.nvlink_link_bytes_per_second / 1e9:g} GB/s each; rule: "
+            f"{pct(TH.nvlink_saturation_ratio)}). A tensor-parallel "
+            "engine with no active link runs over PCIe.",
             [
                 q(
                     divide(
                         f"llmgpu_gpu_nvlink_tx_bytes_per_second{{{GPU}}}",
-                        f"25e9 * sum without (link) (llmgpu_gpu_nvlink_up{{{GPU}}})",
+                        f"{TH.nvlink_link_bytes_per_second / 1e9:g}e9 * sum without (link) "
+                        f"(llmgpu_gpu_nvlink_up{{{GPU}}})",
                     ),
                     "GPU {{gpu}}",
                     scenarios=("healthy", "nvlink-imbalance"),
@@ -434,7 +460,7 @@ parallel = Row(
             ],
             unit="percentunit",
             min_=0,
-            threshold=0.8,
+            threshold=TH.nvlink_saturation_ratio,
         ),
     ],
 )
@@ -444,7 +470,7 @@ decoding = Row(
     [
         timeseries(
             "Evidence: speculative-decoding acceptance (decoding/low_spec_acceptance)",
-            "Accepted over proposed draft tokens (rule: under 50 %).",
+            f"Accepted over proposed draft tokens (rule: under {pct(TH.spec_accept_min_ratio)}).",
             [
                 q(
                     f"llmgpu_engine_spec_decode_acceptance_ratio{{{ENG}}}",
@@ -455,11 +481,11 @@ decoding = Row(
             unit="percentunit",
             min_=0,
             max_=1,
-            threshold=0.5,
+            threshold=TH.spec_accept_min_ratio,
         ),
         timeseries(
             "Evidence: inter-token latency jitter (decoding/itl_jitter)",
-            "Inter-token latency p99 over p50 in the last minute (rule: 5).",
+            f"Inter-token latency p99 over p50 in the last minute (rule: {TH.itl_jitter_factor:g}).",
             [
                 q(
                     f'llmgpu_engine_inter_token_latency_quantile_seconds{{{ENG}, {Q1M}, quantile="0.99"}}\n'
@@ -470,7 +496,7 @@ decoding = Row(
                     "{{target}} {{model}}",
                 )
             ],
-            threshold=5,
+            threshold=TH.itl_jitter_factor,
         ),
     ],
 )
@@ -480,7 +506,9 @@ capacity = Row(
     [
         timeseries(
             "Evidence: SM saturation (capacity/sm_saturation)",
-            "SM active per GPU (rule: above 95 % for 3 minutes; the LlmGpuSmSaturated alert "
+            f"SM active per GPU (rule: above {pct(TH.sm_saturation_ratio)} for "
+            f"{TH.sm_saturation_hold_s / 60:g} minutes; the "
+            "LlmGpuSmSaturated alert "
             "uses the same level).",
             [
                 q(
@@ -492,7 +520,7 @@ capacity = Row(
             unit="percentunit",
             min_=0,
             max_=1,
-            threshold=0.95,
+            threshold=TH.sm_saturation_ratio,
         ),
         timeseries(
             "Evidence: throughput knee (capacity/throughput_knee)",

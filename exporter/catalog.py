@@ -12,7 +12,7 @@ import dataclasses
 import importlib
 import pkgutil
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import exporter
@@ -33,6 +33,10 @@ SUPPORT = {
 SKIP_PACKAGES = ("exporter.probe.plugin",)  # runs inside engines; declares no metric
 
 
+class DuplicateMetric(ValueError):
+    """Two reading fields declare the same metric name; the message names both."""
+
+
 def _modules() -> Iterator[Any]:
     for info in pkgutil.walk_packages(exporter.__path__, "exporter."):
         if info.name in SKIP_PACKAGES or info.name.endswith("__main__"):
@@ -41,47 +45,66 @@ def _modules() -> Iterator[Any]:
 
 
 def _reading_classes() -> list[type]:
+    """Every dataclass of the package that declares a metric or nests readings that do."""
     found: dict[str, type] = {}
     for module in _modules():
         for obj in vars(module).values():
-            if isinstance(obj, type) and dataclasses.is_dataclass(obj) and _declares_metrics(obj):
+            if isinstance(obj, type) and dataclasses.is_dataclass(obj) and _is_reading(obj):
                 found[f"{obj.__module__}.{obj.__qualname__}"] = obj
     return [found[k] for k in sorted(found)]
 
 
-def _declares_metrics(cls: type) -> bool:
-    return any("metric" in f.metadata for f in dataclasses.fields(cls))
+def _is_reading(cls: type) -> bool:
+    return any("metric" in f.metadata or f.metadata.get("nested") for f in dataclasses.fields(cls))
 
 
-def _rows(
-    cls: type[Any], base: tuple[str, ...], family: str
-) -> Iterator[tuple[MetricDef, tuple[str, ...], str]]:
+def _nested_in(classes: Iterable[type]) -> set[type]:
+    return {f.metadata["of"] for cls in classes for f in dataclasses.fields(cls) if f.metadata.get("nested")}
+
+
+Row = tuple[MetricDef, tuple[str, ...], str]
+
+
+def _rows(cls: type[Any], base: tuple[str, ...], family: str) -> Iterator[tuple[Row, type]]:
     fields = dataclasses.fields(cls)
     labels = base + tuple(f.name for f in fields if f.metadata.get("label"))
     for f in fields:
         metric = f.metadata.get("metric")
         if metric is not None:
             extra = (metric.label,) if metric.label else ()
-            yield metric, labels + extra, family
+            yield (metric, labels + extra, family), cls
         elif f.metadata.get("nested"):
             yield from _rows(f.metadata["of"], labels, family)
 
 
-def rows() -> list[tuple[MetricDef, tuple[str, ...], str]]:
-    """(metric, labels, family) for everything the exporter can expose."""
-    out: list[tuple[MetricDef, tuple[str, ...], str]] = []
-    gpu_classes = set(GPU_READINGS)
-    for cls in (*GPU_READINGS, GpuUp):
-        out.extend(_rows(cls, GPU_LABELS, getattr(cls, "family", "")))
-    for cls in _reading_classes():
-        if cls in gpu_classes or cls is GpuUp:
-            continue
-        out.extend(_rows(cls, (), ""))
-    assert CollectorStatus in _reading_classes() and ExporterInfo in _reading_classes()
-    seen: dict[str, tuple[MetricDef, tuple[str, ...], str]] = {}
-    for row in out:
-        seen.setdefault(row[0].name, row)
-    return [seen[k] for k in sorted(seen)]
+def rows(extra: Iterable[type] = ()) -> list[Row]:
+    """(metric, labels, family) for everything the exporter can expose, sorted by name.
+
+    Readings are walked from their roots (those no other reading nests), GPU readings
+    with the `gpu` and `uuid` labels. A name declared by two fields raises
+    DuplicateMetric: two quantities must never be merged into one family. `extra` adds
+    reading classes to the walk (tests).
+    """
+    gpu_roots = (*GPU_READINGS, GpuUp)
+    classes = [*_reading_classes(), *extra]
+    assert CollectorStatus in classes and ExporterInfo in classes
+    nested = _nested_in(classes)
+    walk: list[tuple[type, tuple[str, ...], str]] = [
+        (cls, GPU_LABELS, getattr(cls, "family", "")) for cls in gpu_roots
+    ]
+    walk += [(cls, (), "") for cls in classes if cls not in nested and cls not in gpu_roots]
+    seen: dict[str, tuple[Row, type]] = {}
+    for cls, base, family in walk:
+        for row, owner in _rows(cls, base, family):
+            name = row[0].name
+            if name in seen and seen[name][0][0] is not row[0]:
+                other = seen[name][1]
+                raise DuplicateMetric(
+                    f"{name} is declared by both {other.__module__}.{other.__qualname__} and "
+                    f"{owner.__module__}.{owner.__qualname__}"
+                )
+            seen.setdefault(name, (row, owner))
+    return [seen[k][0] for k in sorted(seen)]
 
 
 def names() -> set[str]:

@@ -1,7 +1,9 @@
-"""Six-layer diagnosis: rules over a snapshot and a short history, an OOM-risk score.
+"""The diagnosis: rules over a snapshot and a short history, and an OOM-risk score.
 
-`Diagnoser` is the enricher the runner calls with each snapshot; `rules.RULES` is the
-rule table, `thresholds.Thresholds` every number the rules compare against.
+Seven layers: six where a request stalls (hardware, kernel, memory, scheduling,
+parallel, decoding) and capacity, for a node that is simply full. `Diagnoser` is the
+enricher the runner calls with each snapshot; `rules/<layer>.py` declare the rules
+(`rules.RULES` lists them), `thresholds.Thresholds` holds every number they compare against.
 """
 
 from __future__ import annotations

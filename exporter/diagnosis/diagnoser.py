@@ -14,7 +14,6 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from exporter.diagnosis.fmt import value_text
 from exporter.diagnosis.frame import EngineFrame, Frame, GpuFrame, frame_of
 from exporter.diagnosis.history import History
 from exporter.diagnosis.model import (
@@ -150,11 +149,6 @@ class Diagnoser:
         self._lock = threading.Lock()
         self._trends = _Trends(max(1.0, history_seconds / thresholds.trend_points), thresholds.trend_points)
         self.latest: Diagnosis | None = None
-        self.ever_active: set[str] = set()  # rule ids that fired at some time (simulations, tests)
-
-    @classmethod
-    def from_settings(cls, settings: object, thresholds: Thresholds = DEFAULT) -> Diagnoser:
-        return cls(float(getattr(settings, "history_seconds", 900.0)), thresholds)
 
     def __call__(self, snapshot: Snapshot) -> tuple[object, ...]:
         return self.step(frame_of(snapshot))
@@ -188,7 +182,6 @@ class Diagnoser:
                     )
                 )
                 if state.active and state.candidate is not None:
-                    self.ever_active.add(rule.id)
                     findings.append(_finding(rule, subject, state, names))
         for key in [k for k in self._states if k not in seen]:
             del self._states[key]
@@ -220,7 +213,6 @@ class Diagnoser:
         self.history.clear()
         self._states.clear()
         self._trends.series.clear()
-        self.ever_active.clear()
 
     # ---- page material -------------------------------------------------------------
 
@@ -303,7 +295,7 @@ def subjects(frame: Frame, rule: Rule) -> list[Subject]:
     out = []
     for g in frame.gpus:
         on = [e for e in frame.engines if g.index in e.gpus]
-        if rule.id == "memory/oom_risk" and not on:
+        if rule.gpus_without_engine and not on:
             out.append(Subject(gpu=str(g.index)))
         out.extend(Subject(gpu=str(g.index), target=e.target) for e in on)
     return out
@@ -339,12 +331,3 @@ def _finding(rule: Rule, subject: Subject, state: _State, names: dict[tuple[str,
         condition_since=state.true_since if state.true_since is not None else state.active_since,
         clearing=state.false_since is not None,
     )
-
-
-def summary_line(d: Diagnosis) -> str:
-    """One line for logs: status and the active findings."""
-    if not d.findings:
-        return "ok: no active findings"
-    parts = [f"{f.id}[{f.subject_name}]" for f in d.findings]
-    worst = max((r.ratio for r in d.oom_risks), default=0.0)
-    return f"{d.status}: {', '.join(parts)}; max OOM risk {value_text(worst, 'ratio')}"

@@ -55,6 +55,8 @@ Check = Callable[["Frame", "History", "Thresholds"], Iterable[Candidate]]
 
 @dataclass(frozen=True)
 class Rule:
+    """A rule as `@rule(...)` declares it (exporter/diagnosis/rules/)."""
+
     id: str  # "<layer>/<name>"
     severity: str
     scope: Scope
@@ -62,8 +64,9 @@ class Rule:
     condition: str  # the condition in words, with the thresholds' names
     advice: str  # one line: what to do
     check: Check
-    hold: Callable[[Thresholds], float]
-    clear: Callable[[Thresholds], float]
+    hold_s: str | float  # seconds, or the name of the Thresholds field holding them
+    clear_s: str | float
+    gpus_without_engine: bool = False  # gpu_engine scope: GPUs no engine runs on are subjects too
 
     @property
     def layer(self) -> str:
@@ -72,6 +75,18 @@ class Rule:
     @property
     def name(self) -> str:
         return self.id.split("/", 1)[1]
+
+    def hold(self, th: Thresholds) -> float:
+        """Seconds the condition must hold before the finding fires."""
+        return _seconds(self.hold_s, th)
+
+    def clear(self, th: Thresholds) -> float:
+        """Seconds the condition must be gone before the finding clears."""
+        return _seconds(self.clear_s, th)
+
+
+def _seconds(value: str | float, th: Thresholds) -> float:
+    return float(getattr(th, value)) if isinstance(value, str) else float(value)
 
 
 @dataclass(frozen=True)

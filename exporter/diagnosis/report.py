@@ -46,7 +46,7 @@ def render_text(diagnosis_json: Mapping[str, Any], *, color: bool = False) -> st
 
     findings: Sequence[Mapping[str, Any]] = d.get("findings", [])
     if not findings:
-        out.append("No active findings: nothing in the six layers points at a bottleneck or a failure.")
+        out.append("No active findings: no rule in any layer points at a bottleneck or a failure.")
     for f in findings:
         sev = str(f.get("severity", ""))
         mark = paint(SEVERITY_MARK.get(sev, sev.upper()), sev)

@@ -16,7 +16,7 @@ GIB = 1024**3
 @dataclass(frozen=True)
 class Thresholds:
     # ---- capacity ---------------------------------------------------------------------
-    # DESIGN.md: SM active above 95 % for three minutes is saturation. Short bursts at
+    # SM active above 95 % for three minutes is saturation (the usual capacity-planning line). Short bursts at
     # 100 % are normal during prefill; three minutes means the queue, not a burst.
     sm_saturation_ratio: float = 0.95
     sm_saturation_hold_s: float = 180.0

@@ -383,3 +383,44 @@ def test_throughput_knee_quiet_below_the_knee() -> None:
     frames = _knee_frames(4.0)
     frames.append(with_engine(len(frames) * 5.0, request_rate_per_second=2.0, ttft_p99_seconds=0.2))
     assert not fires("capacity/throughput_knee", frames)
+
+
+# ---- declaring rules ---------------------------------------------------------------
+
+
+def test_a_rule_lives_in_the_module_of_its_layer() -> None:
+    from exporter.diagnosis.rules import rule
+
+    def check(frame: Frame, history: Any, th: Any) -> list[Any]:
+        return []
+
+    declare = rule(
+        "memory/misplaced", severity="info", scope="gpu", hold=0.0, title="t", condition="c", advice="a"
+    )
+    with pytest.raises(ValueError, match=r"expected rules/memory\.py"):
+        declare(check)
+
+
+def test_a_rule_names_only_thresholds_that_exist() -> None:
+    from exporter.diagnosis.rules import rule
+
+    def check(frame: Frame, history: Any, th: Any) -> list[Any]:
+        return []
+
+    check.__module__ = "exporter.diagnosis.rules.memory"
+    declare = rule(
+        "memory/typo",
+        severity="info",
+        scope="gpu",
+        hold="kv_hold_seconds",
+        title="t",
+        condition="c",
+        advice="a",
+    )
+    with pytest.raises(ValueError, match="no threshold named 'kv_hold_seconds'"):
+        declare(check)
+
+
+def test_every_rule_is_declared_in_its_layer_module() -> None:
+    for r in RULES:
+        assert r.check.__module__ == f"exporter.diagnosis.rules.{r.layer}", r.id

@@ -1,0 +1,145 @@
+"""Memory: OOM risk, KV-cache saturation, memory faults, allocator fragmentation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from exporter.diagnosis.fmt import value_text
+from exporter.diagnosis.frame import Frame
+from exporter.diagnosis.history import History
+from exporter.diagnosis.model import Candidate, Evidence, Subject
+from exporter.diagnosis.oom import oom_risks
+from exporter.diagnosis.rules.base import (
+    Th,
+    _engine_rate,
+    _live,
+    _pct,
+    _xid_candidates,
+    engine_subject,
+    gpu_subject,
+    rule,
+)
+
+
+@rule(
+    "memory/oom_risk",
+    severity="critical",
+    scope="gpu_engine",
+    hold="oom_hold_s",
+    clear="oom_clear_s",
+    gpus_without_engine=True,
+    title="Out-of-memory risk",
+    condition="OOM-risk score >= oom_finding_ratio (see the score's reasons)",
+    advice=(
+        "Find the growing process (llmgpu_gpu_process_memory_used_bytes); lower "
+        "gpu_memory_utilization or restart the leaking process before it crashes."
+    ),
+)
+def oom_risk(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
+    for risk in oom_risks(frame, history, th):
+        if risk.ratio < th.oom_finding_ratio:
+            continue
+        ev = [Evidence("OOM risk", risk.ratio, "ratio", f">= {_pct(th.oom_finding_ratio)}")]
+        if risk.time_to_full_seconds is not None:
+            ev.append(Evidence("time to full at the current trend", risk.time_to_full_seconds, "seconds"))
+        ev.extend(Evidence("reason", r) for r in risk.reasons)
+        who = f"GPU {risk.gpu}"
+        yield Candidate(
+            Subject(gpu=risk.gpu, target=risk.target), tuple(ev), f"{who} is heading for out-of-memory"
+        )
+
+
+@rule(
+    "memory/kv_cache_saturated",
+    severity="warning",
+    scope="engine",
+    hold="kv_hold_s",
+    title="KV cache full, requests preempted",
+    condition="KV-cache usage >= kv_usage_min_ratio and preemptions >= kv_preemptions_min_per_second",
+    advice=(
+        "Lower max_num_seqs or max_model_len, use an FP8 KV cache, raise gpu_memory_utilization, or "
+        "add replicas."
+    ),
+)
+def kv_cache_saturated(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
+    for e in frame.engines:
+        if not e.up or e.kv_usage_ratio is None or e.kv_usage_ratio < th.kv_usage_min_ratio:
+            continue
+        pre = e.preemptions_per_second
+        if pre is None:
+            pre = _engine_rate(history, e, lambda x: x.preemptions_total, th.rate_window_s)
+        if pre is None or pre < th.kv_preemptions_min_per_second:
+            continue
+        ev = [
+            Evidence("KV-cache usage", e.kv_usage_ratio, "ratio", f">= {_pct(th.kv_usage_min_ratio)}"),
+            Evidence("preemptions", pre, "per_second", f">= {th.kv_preemptions_min_per_second:g}/s"),
+        ]
+        if e.waiting is not None:
+            ev.append(Evidence("waiting requests", e.waiting, "count"))
+        yield Candidate(
+            engine_subject(e),
+            tuple(ev),
+            f"{e.name}: KV cache {_pct(e.kv_usage_ratio)} full, {pre:.1f} preemptions/s",
+        )
+
+
+@rule(
+    "memory/xid_memory_fault",
+    severity="critical",
+    scope="gpu",
+    hold=0.0,
+    clear=0.0,
+    title="Memory fault in an application (XID 31/43)",
+    condition="an XID listed in xid_memory seen in the last xid_window_s",
+    advice=(
+        "Read the engine's log around the XID: an OOM or an illegal address killed the CUDA context; "
+        "restart it."
+    ),
+)
+def xid_memory_fault(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
+    return _xid_candidates(frame, history, th, th.xid_memory, "memory fault in an application")
+
+
+@rule(
+    "memory/allocator_fragmentation",
+    severity="warning",
+    scope="gpu",
+    hold="oom_hold_s",
+    title="Allocator memory fragmented",
+    condition=(
+        "largest free block < oom_typical_request_bytes <= free bytes inside reserved segments, with "
+        "fragmentation >= oom_fragmentation_min_ratio (allocator probe)"
+    ),
+    advice="Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; avoid varying large allocations.",
+)
+def allocator_fragmentation(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
+    for g in _live(frame):
+        for a in g.allocators:
+            if a.largest_free_block_bytes is None or a.free_bytes is None:
+                continue
+            small = a.largest_free_block_bytes < th.oom_typical_request_bytes <= a.free_bytes
+            frag = (a.fragmentation_ratio or 0.0) >= th.oom_fragmentation_min_ratio
+            if not (small and frag):
+                continue
+            yield Candidate(
+                gpu_subject(g),
+                (
+                    Evidence("process", a.pid, "count"),
+                    Evidence("free inside reserved segments", a.free_bytes, "bytes"),
+                    Evidence(
+                        "largest free block",
+                        a.largest_free_block_bytes,
+                        "bytes",
+                        f"< {value_text(th.oom_typical_request_bytes, 'bytes')}",
+                    ),
+                    Evidence(
+                        "fragmentation",
+                        a.fragmentation_ratio,
+                        "ratio",
+                        f">= {_pct(th.oom_fragmentation_min_ratio)}",
+                    ),
+                ),
+                f"GPU {g.index}: pid {a.pid} has {value_text(a.free_bytes, 'bytes')} free but no block over "
+                f"{value_text(a.largest_free_block_bytes, 'bytes')}",
+            )
+            break

@@ -1,0 +1,114 @@
+"""Scheduling: queues that grow while GPUs have room, the API server, admission."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from statistics import mean
+
+from exporter.diagnosis.frame import Frame, GpuFrame
+from exporter.diagnosis.history import History
+from exporter.diagnosis.model import Candidate, Evidence
+from exporter.diagnosis.rules.base import (
+    Th,
+    _engine_gpus,
+    _engine_rate,
+    _pct,
+    engine_subject,
+    rule,
+)
+
+
+def _sm_or_util(g: GpuFrame) -> float | None:
+    return g.sm_active_ratio if g.sm_active_ratio is not None else g.util_ratio
+
+
+@rule(
+    "scheduling/queue_with_idle_gpu",
+    severity="warning",
+    scope="engine",
+    hold="queue_hold_s",
+    title="Requests queue while GPUs have room",
+    condition=(
+        "waiting >= queue_waiting_min and not falling over a minute, SM active < "
+        "queue_sm_active_max_ratio, KV usage < queue_kv_usage_max_ratio"
+    ),
+    advice="Raise max_num_seqs / max_num_batched_tokens; check the API server and the scheduler for stalls.",
+)
+def queue_with_idle_gpu(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
+    for e in frame.engines:
+        if not e.up or e.waiting is None or e.waiting < th.queue_waiting_min:
+            continue
+        gpus = _engine_gpus(frame, e)
+        act = [v for v in (_sm_or_util(g) for g in gpus) if v is not None]
+        if not act or mean(act) >= th.queue_sm_active_max_ratio:
+            continue
+        if e.kv_usage_ratio is not None and e.kv_usage_ratio >= th.queue_kv_usage_max_ratio:
+            continue
+        past = history.engine_series(e.target, lambda x: x.waiting, th.rate_window_s)
+        if past and e.waiting < past[0][1]:
+            continue  # the queue drains
+        yield Candidate(
+            engine_subject(e),
+            (
+                Evidence("waiting requests", e.waiting, "count", f">= {th.queue_waiting_min:g}"),
+                Evidence("waiting a minute ago", past[0][1] if past else None, "count"),
+                Evidence(
+                    "SM active (mean of its GPUs)",
+                    mean(act),
+                    "ratio",
+                    f"< {_pct(th.queue_sm_active_max_ratio)}",
+                ),
+                Evidence(
+                    "KV-cache usage", e.kv_usage_ratio, "ratio", f"< {_pct(th.queue_kv_usage_max_ratio)}"
+                ),
+            ),
+            f"{e.name}: {e.waiting:.0f} requests wait while its GPUs are {_pct(mean(act))} active",
+        )
+
+
+@rule(
+    "scheduling/api_server_cpu_bound",
+    severity="warning",
+    scope="engine",
+    hold="api_cpu_hold_s",
+    title="API server at one full core",
+    condition="API-server process CPU >= api_cpu_min_ratio of one core",
+    advice="Run more API-server processes (vLLM --api-server-count), move tokenization off the hot path.",
+)
+def api_server_cpu_bound(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
+    for e in frame.engines:
+        if e.api_server_cpu_ratio is None or e.api_server_cpu_ratio < th.api_cpu_min_ratio:
+            continue
+        yield Candidate(
+            engine_subject(e),
+            (
+                Evidence(
+                    "API-server CPU (one core = 100 %)",
+                    e.api_server_cpu_ratio,
+                    "ratio",
+                    f">= {_pct(th.api_cpu_min_ratio)}",
+                ),
+            ),
+            f"{e.name}: the API-server process uses {_pct(e.api_server_cpu_ratio)} of one core",
+        )
+
+
+@rule(
+    "scheduling/admission_rejections",
+    severity="warning",
+    scope="engine",
+    hold="rejections_hold_s",
+    title="Requests refused at admission",
+    condition="rejected requests >= rejections_min_per_second over rate_window_s",
+    advice="Add capacity or raise the admission limit; make clients back off and retry.",
+)
+def admission_rejections(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
+    for e in frame.engines:
+        r = _engine_rate(history, e, lambda x: x.rejected_total, th.rate_window_s)
+        if r is None or r < th.rejections_min_per_second:
+            continue
+        yield Candidate(
+            engine_subject(e),
+            (Evidence("rejected requests", r, "per_second", f">= {th.rejections_min_per_second:g}/s"),),
+            f"{e.name} refuses {r:.1f} requests/s at admission",
+        )
