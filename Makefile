@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PORT ?= 9445
 SCENARIO ?= healthy
 
-.PHONY: run test venv system-deps vllm-env lint typecheck dashboards bench clean
+.PHONY: run test unit docs venv system-deps vllm-env lint typecheck bench clean
 
 $(BIN)/llm-gpu-exporter: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,10 +24,21 @@ system-deps:
 vllm-env: venv
 	bash tests/e2e/vllm_env.sh
 
-test: venv system-deps vllm-env
-	$(BIN)/ruff check exporter tests bench dashboards alerts
-	$(BIN)/mypy
+# Everything: lint and formatting, types, then every test (the generated docs and
+# dashboards are checked by tests too).
+test: venv system-deps vllm-env lint typecheck
 	$(BIN)/pytest -q
+
+# The unit tests alone: no Debian packages, no vLLM venv, no formatting checks.
+unit: venv
+	$(BIN)/pytest -q -m "not system and not integration and not e2e" tests/unit alerts/tests
+
+# Regenerate every generated block: the metric catalog, the diagnosis and scenario
+# tables, the dashboards' JSON and their panel reference.
+docs: venv
+	$(BIN)/python -m exporter.catalog > docs/metrics.md
+	$(BIN)/python -m exporter.diagnosis.docs
+	$(BIN)/python -m dashboards.generate
 
 lint: venv
 	$(BIN)/ruff check exporter tests bench dashboards alerts
@@ -35,9 +46,6 @@ lint: venv
 
 typecheck: venv
 	$(BIN)/mypy
-
-dashboards: venv
-	$(BIN)/python -m dashboards.generate
 
 bench: venv
 	$(BIN)/python bench/run.py --out docs/benchmarks.md

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
 
-from exporter.collectors.allocator import AllocatorProbes
+from exporter.allocator_readings import AllocatorProbes
 from exporter.engines.readings import EngineGpus, Engines, EngineSeries, EngineTargetReading
 from exporter.gpu_readings import (
     Clocks,

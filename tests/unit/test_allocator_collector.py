@@ -6,7 +6,8 @@ import os
 import time
 from pathlib import Path
 
-from exporter.collectors.allocator import AllocatorCollector, AllocatorProbes
+from exporter.allocator_readings import AllocatorProbes
+from exporter.collectors.allocator import AllocatorCollector
 from exporter.collectors.base import Context
 from exporter.config import Settings
 from exporter.metricdef import samples

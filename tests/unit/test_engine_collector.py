@@ -150,6 +150,7 @@ def test_declared_names_are_exactly_the_documented_ones() -> None:
     assert all(f"`{name}`" in doc for name in NAMES), sorted(n for n in NAMES if f"`{n}`" not in doc)
 
 
+@pytest.mark.system
 def test_all_engine_kinds_render_to_clean_exposition(pages: dict[str, PageServer]) -> None:
     clock = Clock()
     settings = Settings(

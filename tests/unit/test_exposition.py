@@ -38,6 +38,7 @@ def _scrape(name: str) -> str:
     return render(last).text.decode()
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("scenario", builtin_names())
 def test_scenario_scrape_passes_promtool_and_catalog(scenario: str) -> None:
     text = _scrape(scenario)
