@@ -26,9 +26,15 @@ SUPPORT = {
     "gpm": "Hopper and later (H100, H200, B200); absent elsewhere",
     "nvlink": "GPUs with NVLink (SXM A100/H100/H200, B200)",
     "mig": "A100, A30, H100, H200, B200 (MIG-capable)",
-    "ecc": "GPUs with ECC memory; row remapping from A100 on",
-    "power": "all; HBM temperature on HBM parts only",
-    "clocks": "all; event durations from driver 535 on",
+    "ecc": "GPUs with ECC memory",
+}
+# Metrics whose support is narrower than their family's.
+METRIC_SUPPORT = {
+    "llmgpu_gpu_memory_temperature_celsius": "HBM parts only (A100, H100, H200, B200)",
+    "llmgpu_gpu_clock_event_seconds_total": "all, from driver 535 on",
+    "llmgpu_gpu_remapped_rows": "ECC parts from A100 on (row remapping)",
+    "llmgpu_gpu_row_remap_pending": "ECC parts from A100 on (row remapping)",
+    "llmgpu_gpu_row_remap_failed": "ECC parts from A100 on (row remapping)",
 }
 SKIP_PACKAGES = ("exporter.probe.plugin",)  # runs inside engines; declares no metric
 
@@ -139,7 +145,9 @@ def markdown() -> str:
     for metric, labels, family in rows():
         help_text = metric.help.replace("|", "/")
         description = re.sub(r"\s*\([^()]*\)\s*$", "", help_text)
-        support = SUPPORT.get(family, "all") if metric.name.startswith("llmgpu_gpu_") else ""
+        support = ""
+        if metric.name.startswith("llmgpu_gpu_"):
+            support = METRIC_SUPPORT.get(metric.name) or SUPPORT.get(family, "all")
         label_list = ", ".join(f"`{x}`" for x in labels)
         lines.append(
             f"| `{metric.name}` | {metric.kind} | {label_list} | {_unit(metric.name)} "

@@ -72,6 +72,10 @@ def test_snapshot_table_on_simulated_gpus() -> None:
     r = _cli("snapshot", "--simulate", "healthy", "--speed", "60")
     assert r.returncode == 0, r.stderr
     assert "8 GPU(s) (simulated)" in r.stdout and "NVIDIA H100 80GB HBM3" in r.stdout
+    # the engine and the GPUs the join put it on
+    assert "1 engine(s)" in r.stdout
+    (row,) = [line for line in r.stdout.splitlines() if line.startswith("127.0.0.1:")]
+    assert "vllm" in row and "Llama-3.1-70B-Instruct" in row and "0,1,2,3,4,5,6,7" in row
 
 
 @pytest.mark.parametrize(
