@@ -9,6 +9,7 @@ parser runs, so a page of 100 000 label values costs a line count, not a parse.
 from __future__ import annotations
 
 import asyncio
+import socket
 from dataclasses import dataclass
 
 import httpx
@@ -43,11 +44,34 @@ async def fetch(client: httpx.AsyncClient, url: str, limits: Limits) -> bytes:
     except httpx.TimeoutException as err:
         raise ScrapeError("timeout", type(err).__name__) from None
     except httpx.ConnectError as err:
+        if isinstance(err.__cause__ or err.__context__, socket.gaierror) or _is_dns(str(err)):
+            raise ScrapeError("dns", str(err) or "the host name does not resolve") from None
         raise ScrapeError("refused", str(err) or type(err).__name__) from None
     except httpx.HTTPError as err:  # protocol errors, resets mid-body
         raise ScrapeError("connection", str(err) or type(err).__name__) from None
     except OSError as err:
         raise ScrapeError("connection", str(err)) from None
+
+
+DNS_MESSAGES = (
+    "Name or service not known",
+    "nodename nor servname",
+    "No address associated",
+    "Temporary failure in name resolution",
+)
+
+
+def _is_dns(message: str) -> bool:
+    """getaddrinfo's failures, as httpx words them (the cause is not always chained)."""
+    return any(
+        m in message
+        for m in (
+            "Name or service not known",
+            "nodename nor servname",
+            "No address associated",
+            "Temporary failure in name resolution",
+        )
+    )
 
 
 async def _fetch(client: httpx.AsyncClient, url: str, limits: Limits) -> bytes:

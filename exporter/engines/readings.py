@@ -18,6 +18,7 @@ ENGINE_KINDS = ("vllm", "sglang", "tgi")
 ROLES = ("api_server", "engine_core", "worker")
 # Reasons a scrape can fail; every target reports all of them from 0 on.
 SCRAPE_ERRORS = (
+    "dns",  # the target's host name does not resolve
     "refused",  # connection refused or host unreachable
     "timeout",  # no complete answer within the target's timeout
     "http_status",  # an answer other than 200

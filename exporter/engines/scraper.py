@@ -69,6 +69,7 @@ class _State:
     cpu: processes.CpuSampler = field(default_factory=processes.CpuSampler)
     api_cpu_last: tuple[float, float] | None = None  # (clock, process_cpu_seconds_total)
     missing_since: float | None = None  # monotonic, for discovered targets
+    logged: str | None = None  # the state last logged: "up" or a scrape error's reason
     reading: EngineTargetReading | None = None
 
 
@@ -245,6 +246,7 @@ class EngineScraper:
             models = sorted({m for (m, _) in norm.series if m})
             if models:
                 state.model = models[0]
+        _log_change(state, error)
         cpu = self._process_cpu(state, norm, now)
         reading = EngineTargetReading(
             target=state.target.name,
@@ -368,6 +370,24 @@ class EngineScraper:
 async def _wait(event: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(event.wait(), timeout=seconds)
+
+
+def _log_change(state: _State, error: ScrapeError | None) -> None:
+    """One log line when a target comes up, goes down or fails for another reason."""
+    now = "up" if error is None else error.reason
+    if now == state.logged:
+        return
+    first = state.logged is None
+    state.logged = now
+    if error is None:
+        log.info("engine target %s is up (%s)", state.target.url, state.kind or "engine kind unknown yet")
+    else:
+        log.log(
+            logging.INFO if first else logging.WARNING,
+            "engine target %s is down: %s",
+            state.target.url,
+            error,
+        )
 
 
 def _port(url: str) -> int | None:

@@ -10,6 +10,7 @@ exposition of the whole stays valid.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import threading
@@ -183,12 +184,14 @@ EXPECTED = {
     "many_series": "too_many_series",
     "never_finishes": "timeout",
     "refused": "refused",
+    "dns": "dns",
 }
 
 
 def scraper_for(servers: dict[str, Server]) -> tuple[EngineScraper, dict[str, str]]:
     urls = {name: s.url for name, s in servers.items()}
     urls["refused"] = f"http://127.0.0.1:{closed_port()}/metrics"
+    urls["dns"] = "http://target.invalid:8000/metrics"  # .invalid never resolves (RFC 2606)
     # the big bodies get a target timeout of their own: on a loaded machine, sending 8 MiB
     # may take longer than the hanging target is allowed, and they must end on their cap
     slow = {"huge", "huge_declared", "many_series"}
@@ -319,3 +322,13 @@ def test_a_restarted_engine_is_picked_up_again() -> None:
         assert up.scrape_errors is not None and up.scrape_errors["refused"] == 1
     finally:
         back.stop()
+
+
+def test_a_target_state_change_is_logged_once_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    url = f"http://127.0.0.1:{closed_port()}/metrics"
+    scraper = EngineScraper(ScrapeConfig(interval_s=0.5, timeout_s=TIMEOUT_S), [Target(url=url)])
+    with caplog.at_level(logging.INFO, logger="exporter.engines.scraper"):
+        for _ in range(3):
+            scraper.refresh()
+    lines = [r.getMessage() for r in caplog.records if url in r.getMessage()]
+    assert len(lines) == 1 and "is down: refused" in lines[0], lines
