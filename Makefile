@@ -4,50 +4,58 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 9445
 SCENARIO ?= healthy
+SPEED ?= 10
 
-.PHONY: run test unit docs venv system-deps vllm-env lint typecheck bench clean
+.PHONY: run test unit docs venv test-deps system-deps vllm-env lint typecheck bench clean
 
+# Serving needs only the package's own dependencies; the tests add their extras.
 $(BIN)/llm-gpu-exporter: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.test-deps: $(BIN)/llm-gpu-exporter
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
 venv: $(BIN)/llm-gpu-exporter
 
+test-deps: $(VENV)/.test-deps
+
 run: venv
-	$(BIN)/llm-gpu-exporter serve --simulate $(SCENARIO) --listen 127.0.0.1:$(PORT)
+	$(BIN)/llm-gpu-exporter serve --simulate $(SCENARIO) --speed $(SPEED) --listen 127.0.0.1:$(PORT)
 
 system-deps:
 	bash tests/setup/system_deps.sh
 
-vllm-env: venv
+vllm-env: test-deps
 	bash tests/e2e/vllm_env.sh
 
 # Everything: lint and formatting, types, then every test (the generated docs and
 # dashboards are checked by tests too).
-test: venv system-deps vllm-env lint typecheck
+test: test-deps system-deps vllm-env lint typecheck
 	$(BIN)/pytest -q
 
 # The unit tests alone: no Debian packages, no vLLM venv, no formatting checks.
-unit: venv
+unit: test-deps
 	$(BIN)/pytest -q -m "not system and not integration and not e2e" tests/unit alerts/tests
 
 # Regenerate every generated block: the metric catalog, the diagnosis and scenario
 # tables, the dashboards' JSON and their panel reference.
-docs: venv
+docs: test-deps
 	$(BIN)/python -m exporter.catalog > docs/metrics.md
 	$(BIN)/python -m exporter.diagnosis.docs
 	$(BIN)/python -m dashboards.generate
 
-lint: venv
+lint: test-deps
 	$(BIN)/ruff check exporter tests bench dashboards alerts
 	$(BIN)/ruff format --check exporter tests bench dashboards alerts
 
-typecheck: venv
+typecheck: test-deps
 	$(BIN)/mypy
 
-bench: venv
+bench: test-deps
 	$(BIN)/python bench/run.py --out docs/benchmarks.md
 
 clean:
