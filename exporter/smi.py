@@ -211,7 +211,7 @@ def _xml_gpu(g: ET.Element) -> SmiGpu:
     return SmiGpu(
         name=text_value(g.findtext("product_name")) or "",
         uuid=text_value(g.findtext("uuid")) or "",
-        pci_bus_id=text_value(g.findtext("pci/pci_bus_id")) or g.get("id", ""),
+        pci_bus_id=text_value(g.findtext("pci/pci_bus_id")) or g.get("id") or "",
         architecture=text_value(g.findtext("product_architecture")),
         mig_enabled=_yes(g.findtext("mig_mode/current_mig")),
         memory_total_bytes=_bytes(g.findtext("fb_memory_usage/total")),
@@ -272,9 +272,8 @@ def _xml_ecc(g: ET.Element, corrected: bool) -> int | None:
         return None
     if volatile.find("single_bit") is not None:  # drivers before ~450: per-location tables
         return _int(volatile.findtext("single_bit/total" if corrected else "double_bit/total"))
-    if corrected:
-        names = ("sram_correctable", "dram_correctable")
-    else:  # sram_uncorrectable was split into parity and SEC-DED counts in 550
+    names: tuple[str, ...] = ("sram_correctable", "dram_correctable")
+    if not corrected:  # sram_uncorrectable was split into parity and SEC-DED counts in 550
         names = ("sram_uncorrectable", "sram_uncorrectable_parity", "sram_uncorrectable_secded")
         names = (*names, "dram_uncorrectable")
     values = [v for v in (_int(volatile.findtext(n)) for n in names) if v is not None]
