@@ -55,6 +55,16 @@ RULES = {
     "memory reserved": "equal to nvidia-smi's 1 MiB resolution",
     "power limit": "enforced and maximum limits equal to 0.01 W",
     "max clocks": "equal to 1 MHz",
+    "name": "equal",
+    "PCI bus id": "equal",
+    "clock events": "the same throttle reasons active",
+    "ECC corrected": "volatile counts equal",
+    "ECC uncorrected": "volatile counts equal",
+    "remapped rows": "counts and pending/failed flags equal",
+    "PCIe link": "maximum generation and width, current width equal",
+    "processes": "the same compute pids, memory per pid as for memory used",
+    "GPM": "two samples gave GPM metrics",
+    "field values": "nvmlDeviceGetFieldValues answers",
 }
 # Field values the exporter reads (PCIe counters, HBM temperature, throttle durations).
 FIELD_IDS = {
@@ -628,11 +638,11 @@ def render(report: Report) -> str:
         by_name.setdefault(c.name, []).append(c)
     for name, checks in by_name.items():
         passed = [c for c in checks if c.status == "pass"]
-        if len(passed) == len(checks) and len(checks) > 1:
-            rule = RULES.get(name, "agree")
-            lines.append(f"PASS  {name:<{width}}{len(checks)} GPUs: {rule}")
-            continue
-        for c in checks:
+        shown = checks if len(checks) == 1 or name not in RULES else [c for c in checks if c.status != "pass"]
+        if len(shown) < len(checks):
+            others = "other " if shown else ""
+            lines.append(f"PASS  {name:<{width}}{len(passed)} {others}GPU(s): {RULES[name]}")
+        for c in shown:
             where = f"GPU {c.gpu} {name}" if c.gpu is not None else name
             lines.append(f"{STATUS_WORD[c.status]}  {where:<{width}}{c.detail}")
     failed, warned = report.failed, [c for c in report.checks if c.status == "warn"]
