@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TextIO
 
+import psutil
+
 from exporter import __version__, smi
 from exporter.config import Settings
 from exporter.gpu_readings import Clocks, DeviceFacts, Ecc, Memory, Pcie, Power, Processes, Profiling
@@ -398,6 +400,15 @@ class Comparer:
         assert ours is not None and theirs is not None
         mine = {p.pid: p.used_bytes for p in ours}
         other = {p.pid: p.used_memory_bytes for p in theirs}
+        if mine and not other and not any(psutil.pid_exists(pid) for pid in mine):
+            # nvidia-smi leaves out processes outside its PID namespace; NVML does not.
+            self.add(
+                "processes",
+                "warn",
+                f"the exporter sees pids {sorted(mine)}, nvidia-smi none: none of them is visible from "
+                "here (a container without the host's PID namespace?), so this cannot be compared",
+            )
+            return
         problems = []
         if only := sorted(set(other) - set(mine)):
             problems.append(f"seen only by nvidia-smi: {only}")
@@ -462,7 +473,9 @@ def probe_gpm(nvml: Nvml, snap: Snapshot, log: smi.SmiLog | None) -> list[Check]
         prof = g.get(Profiling)
         theirs = log.gpu(g.uuid) if log else None
         arch = theirs.architecture if theirs else None
-        if support is None or not support.isSupportedDevice:
+        if theirs is not None and theirs.mig_enabled:
+            checks.append(Check("GPM", "skip", "MIG is on: GPM samples each instance, not the GPU", g.index))
+        elif support is None or not support.isSupportedDevice:
             if arch in GPM_ARCHITECTURES:
                 checks.append(
                     Check("GPM", "warn", f"a {arch} GPU whose driver reports no GPM support", g.index)

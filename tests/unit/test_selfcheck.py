@@ -241,6 +241,17 @@ def test_a_process_only_nvidia_smi_sees_fails(
     assert "FAIL  GPU 2 processes" in out and "seen only by nvidia-smi: [31337]" in out
 
 
+def test_processes_hidden_from_nvidia_smi_are_a_warning(
+    tmp_path: Path, snapshot: Snapshot, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # nvidia-smi in a container without hostPID lists none; the simulated pids exist nowhere.
+    code, out = selfcheck(capsys, stand_in(tmp_path, smi_xml(snapshot), []))
+    assert code == 0, out
+    assert all(f"WARN  GPU {i} processes" in out for i in range(8))
+    assert "PASS: 165 checks, 8 warning(s)" in out
+    assert "none of them is visible from here" in out
+
+
 def test_a_counter_that_grew_since_is_a_warning(
     tmp_path: Path, snapshot: Snapshot, capsys: pytest.CaptureFixture[str]
 ) -> None:
