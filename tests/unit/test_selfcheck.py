@@ -8,6 +8,7 @@ the check that covers the changed value, and only that one.
 from __future__ import annotations
 
 import ctypes.util
+import dataclasses
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -292,3 +293,52 @@ def test_no_driver_exits_3() -> None:
     )
     assert r.returncode == EXIT_NO_DRIVER == 3
     assert "no NVIDIA driver" in r.stderr and "nothing to check" in r.stderr
+
+
+def test_compare_on_a_recorded_a10g() -> None:
+    """The recorded A10G (driver 515, older schema) against readings NVML would give for it."""
+    from exporter import smi
+    from exporter.gpu_readings import DeviceFacts
+    from exporter.selfcheck import compare
+    from exporter.snapshot import GpuState
+
+    fixture = Path(__file__).parent.parent / "fixtures" / "nvidia-smi" / "a10g-515.105.01.xml"
+    log = smi.parse_xml(fixture.read_bytes())
+    t = log.gpus[0]
+    labels = {"name": t.name, "pci_bus_id": t.pci_bus_id, "driver_version": "515.105.01"}
+    facts = DeviceFacts(
+        uuid=t.uuid,
+        labels=labels,
+        memory_total_bytes=23028 * MIB,
+        sm_clock_max_hertz=1710e6,
+        memory_clock_max_hertz=6251e6,
+        power_limit_max_watts=300.0,
+        pcie_link_generation_max=4,
+        pcie_link_width_max=16,
+    )
+    reasons = {"sw_power_cap": 0, "hw_slowdown": 0, "sw_thermal": 0, "hw_thermal": 0, "hw_power_brake": 0}
+    readings = {
+        DeviceFacts: facts,
+        Memory: Memory(used_bytes=22 * MIB, free_bytes=22569 * MIB, reserved_bytes=435 * MIB),
+        Power: Power(usage_watts=25.1, limit_watts=300.0, gpu_celsius=17.0, memory_celsius=None),
+        Clocks: Clocks(sm_hertz=210e6, memory_hertz=405e6, event_active=reasons),
+        Ecc: Ecc(
+            corrected=0,
+            uncorrected=0,
+            remapped_rows={"correctable": 0, "uncorrectable": 0},
+            remap_pending=0,
+            remap_failed=0,
+        ),
+        Pcie: Pcie(link_generation=1, link_width=8),
+        Processes: Processes(count=0, items=()),  # Xorg is a graphics process: not counted
+    }
+    gpu = GpuState(index=0, uuid=t.uuid, up=True, readings=readings)
+    one = Snapshot(taken_at=0.0, gpus=(gpu,))
+    checks = {(c.name, c.status) for c in compare(one, one, log, None)}
+    assert {c for c in checks if c[1] != "pass"} == {("memory temperature", "skip")}
+    assert ("PCIe link", "pass") in checks  # gen 1 x8 of gen 4 x16, as recorded, agrees
+    assert ("clock events", "pass") in checks  # GpuIdle is active, and is no throttle
+    # the same readings against an older nvidia-smi that counts reserved memory as used
+    old = smi.SmiLog("515.105.01", None, (dataclasses.replace(t, memory_reserved_bytes=None),))
+    old = dataclasses.replace(old, gpus=(dataclasses.replace(old.gpus[0], memory_used_bytes=457 * MIB),))
+    assert ("memory used", "pass") in {(c.name, c.status) for c in compare(one, one, old, None)}
