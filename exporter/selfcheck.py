@@ -27,7 +27,7 @@ from typing import Any, Literal, TextIO
 import psutil
 
 from exporter import __version__, smi
-from exporter.config import Settings
+from exporter.config import Settings, replace
 from exporter.gpu_readings import Clocks, DeviceFacts, Ecc, Memory, Pcie, Power, Processes, Profiling
 from exporter.metricdef import has_value
 from exporter.nvml import Nvml, NvmlError, NvmlUnavailable, decode
@@ -587,7 +587,9 @@ def run(
 
     source = f"simulated: {settings.simulate or settings.scenario_file}" if settings.simulated else "NVML"
     report = Report(source=source, binding=_binding_version())
-    exporter = app.build(settings)
+    # Only the GPU side is checked: no engine scrapes, no kubelet, nothing off this host.
+    disabled = tuple(sorted({*settings.collectors_disabled, "engines", "allocator"}))
+    exporter = app.build(replace(settings, collectors_disabled=disabled, kubelet_socket=None))
     try:
         nvml = exporter.nvml
         with contextlib.suppress(N.NVMLError):  # absent from old drivers
