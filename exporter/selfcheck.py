@@ -1,8 +1,9 @@
 """`llm-gpu-exporter selfcheck`: the exporter's readings against nvidia-smi's, on this node.
 
-One exporter is built exactly as `serve` builds it and takes two samples a little apart
-(GPM compares two). nvidia-smi is then asked for `-q -x` and the compute processes, and
-every reading both report is compared. Quantities that move on their own (memory in use,
+One exporter is built as `serve` builds it (its GPU collectors; engine scraping and the
+kubelet are left out) and takes two samples a little apart (GPM compares two).
+nvidia-smi is then asked for `-q -x` and the compute processes, and every reading both
+report is compared. Quantities that move on their own (memory in use,
 power, temperature, clocks) pass when nvidia-smi's value lies between the exporter's two
 samples widened by a stated slack; identities, limits and sizes must agree exactly, at
 nvidia-smi's printed resolution. Then the NVML paths nvidia-smi does not exercise are
