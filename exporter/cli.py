@@ -1,4 +1,4 @@
-"""Command line: `serve`, `snapshot` and `diagnose`."""
+"""Command line: `serve`, `snapshot`, `diagnose` and `selfcheck`."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from exporter.sim.scenario import ScenarioError, builtin_names
 
 EXIT_NO_DRIVER = 1
 EXIT_USAGE = 2
+SELFCHECK_FLAGS = ("nvidia_smi", "smi_timeout", "xid_seconds")
 NO_DRIVER_HINT = "try `llm-gpu-exporter serve --simulate healthy` for a demo on simulated GPUs"
 
 
@@ -88,11 +89,26 @@ def parser() -> argparse.ArgumentParser:
     _common(diag)
     diag.add_argument("--url", help="ask a running exporter (http://host:port) instead of sampling here")
     diag.add_argument("--step", type=float, default=5.0, help="scenario seconds per step with --simulate")
+    check = sub.add_parser("selfcheck", help="compare the exporter's readings with nvidia-smi's on this node")
+    _common(check)
+    check.add_argument(
+        "--nvidia-smi", default="nvidia-smi", metavar="PATH", help="nvidia-smi to compare with"
+    )
+    check.add_argument(
+        "--smi-timeout", type=float, default=20.0, help="seconds nvidia-smi may take (default 20)"
+    )
+    check.add_argument(
+        "--xid-seconds", type=float, default=3.0, help="seconds to listen for XID events (default 3)"
+    )
     return top
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "json", "url", "step")}
+    flags = {
+        k: v
+        for k, v in vars(args).items()
+        if k not in ("command", "config", "json", "url", "step", *SELFCHECK_FLAGS)
+    }
     if flags.get("engines") is not None:
         flags["engines"] = tuple(flags["engines"])
     return load(flags, args.config)
@@ -120,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
             return serve(settings)
         if args.command == "snapshot":
             return snapshot(settings, as_json=args.json)
+        if args.command == "selfcheck":
+            from exporter import selfcheck
+
+            return selfcheck.main(settings, args.nvidia_smi, args.smi_timeout, args.xid_seconds)
         return diagnose(settings, url=args.url, step=args.step)
     except NvmlUnavailable as err:
         print(f"llm-gpu-exporter: {err}; {NO_DRIVER_HINT}", file=sys.stderr)
