@@ -28,7 +28,9 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--simulate", metavar="NAME", help="run on simulated GPUs and engines: a built-in scenario"
     )
     sim.add_argument("--scenario-file", metavar="FILE", help="run a scenario from a YAML file")
-    p.add_argument("--speed", type=float, help="scenario seconds per wall second (default 10; 1 plays in real time)")
+    p.add_argument(
+        "--speed", type=float, help="scenario seconds per wall second (default 10; 1 plays in real time)"
+    )
     p.add_argument("--interval", type=float, help="seconds between snapshots (default 1)")
     p.add_argument(
         "--engine",

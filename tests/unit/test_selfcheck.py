@@ -299,7 +299,7 @@ def test_compare_on_a_recorded_a10g() -> None:
     """The recorded A10G (driver 515, older schema) against readings NVML would give for it."""
     from exporter import smi
     from exporter.gpu_readings import DeviceFacts
-    from exporter.selfcheck import compare
+    from exporter.smi_compare import compare
     from exporter.snapshot import GpuState
 
     fixture = Path(__file__).parent.parent / "fixtures" / "nvidia-smi" / "a10g-515.105.01.xml"
