@@ -1,4 +1,4 @@
-"""Helpers the rules of several layers share."""
+"""The `@rule` decorator that declares a rule, and the helpers rules of several layers share."""
 
 from __future__ import annotations
 
