@@ -983,14 +983,14 @@ def test_the_objective_changes_the_burn_thresholds_and_texts(chart: Any) -> None
 
 
 def test_the_job_changes_the_exporter_down_and_absent_alerts(chart: Any) -> None:
-    _, after = rule_changes(chart, {"prometheusRule": {"job": 'gpu\\.exporter|"odd"'}})
+    _, after = rule_changes(chart, {"prometheusRule": {"job": 'gpu\\.exporter$|"odd"'}})
     assert set(after) == {
         ("LlmGpuExporterDown", "expr"),
         ("LlmGpuExporterAbsent", "expr"),
         ("LlmGpuExporterAbsent", "description"),
     }
-    # written as a PromQL string: backslash and quote escaped
-    selector = 'up{job=~"gpu\\\\.exporter|\\"odd\\""}'
+    # written as a PromQL string: backslash and quote escaped, a $ kept as it is
+    selector = 'up{job=~"gpu\\\\.exporter$|\\"odd\\""}'
     assert after[("LlmGpuExporterDown", "expr")] == selector + " == 0"
     assert after[("LlmGpuExporterAbsent", "expr")] == f"absent({selector})"
     assert selector in after[("LlmGpuExporterAbsent", "description")]
