@@ -4,7 +4,9 @@ Core kinds are validated with kubernetes-validate --strict for Kubernetes 1.29 a
 ServiceMonitor, PodMonitor and PrometheusRule are CRDs that kubernetes-validate has no
 schema for: they are checked against the subset of the monitoring.coreos.com/v1 schemas
 written below (the fields the chart emits, unknown fields rejected). PrometheusRule groups
-go through `promtool check rules`, dashboard ConfigMaps must hold valid JSON.
+go through `promtool check rules`, dashboard ConfigMaps must hold valid JSON. Rules
+rendered with other alert values are compared with the files field by field and run
+through `promtool test rules`.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
             {"key": "dedicated", "operator": "Equal", "value": "inference", "effect": "NoSchedule"},
             {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
         ],
+        "tolerateAllNoSchedule": False,
         "priorityClass": {"create": False},
         "priorityClassName": "system-node-critical",
         "runtimeClassName": "nvidia",
@@ -113,6 +116,35 @@ VARIANTS: dict[str, dict[str, Any]] = {
         },
         "webConfig": {"existingSecret": "exporter-web", "scheme": "HTTPS"},
         "serviceAccount": {"create": False, "name": "gpu-monitoring"},
+    },
+    "kube-prometheus-stack": {
+        "prometheus": {"release": "kps"},
+        "serviceMonitor": {
+            "labels": {"team": "inference"},
+            "jobLabel": "app.kubernetes.io/name",
+            "targetLabels": ["app.kubernetes.io/instance"],
+            "sampleLimit": 20000,
+        },
+        "prometheusRule": {"labels": {"prometheus": "gpu"}},
+    },
+    "podmonitor-kube-prometheus-stack": {
+        "prometheus": {"release": "kps"},
+        "serviceMonitor": {"enabled": False},
+        "podMonitor": {
+            "enabled": True,
+            "labels": {"release": "kps-gpu"},
+            "jobLabel": "app.kubernetes.io/name",
+            "targetLabels": ["app.kubernetes.io/instance", "app.kubernetes.io/version"],
+            "sampleLimit": 20000,
+        },
+    },
+    "alert-values": {
+        "prometheusRule": {
+            "job": "monitoring/gpu-exporter",
+            "runbookBaseUrl": "https://git.example.com/ops/llm-gpu-exporter/blob/v0.1.0/docs/runbooks.md",
+            "thresholds": {"smActiveRatio": 0.8, "engineErrorRatio": 0.005, "nvLinkErrors": 25},
+            "ttftSlo": {"seconds": 0.5, "objective": 0.99, "bucketBelow": "0.25", "bucketAbove": "0.5"},
+        },
     },
 }
 
@@ -277,6 +309,9 @@ CRD_SCHEMAS: dict[str, dict[str, Any]] = {
             "required": ["selector", "endpoints"],
             "additionalProperties": False,
             "properties": {
+                "jobLabel": {"type": "string", "minLength": 1},
+                "targetLabels": {"type": "array", "items": {"type": "string"}},
+                "sampleLimit": {"type": "integer", "minimum": 1},
                 "selector": SELECTOR,
                 "namespaceSelector": NAMESPACE_SELECTOR,
                 "endpoints": {"type": "array", "minItems": 1, "items": ENDPOINT},
@@ -289,6 +324,10 @@ CRD_SCHEMAS: dict[str, dict[str, Any]] = {
             "required": ["selector", "podMetricsEndpoints"],
             "additionalProperties": False,
             "properties": {
+                # a PodMonitor has no targetLabels: pod labels go to podTargetLabels
+                "jobLabel": {"type": "string", "minLength": 1},
+                "podTargetLabels": {"type": "array", "items": {"type": "string"}},
+                "sampleLimit": {"type": "integer", "minimum": 1},
                 "selector": SELECTOR,
                 "namespaceSelector": NAMESPACE_SELECTOR,
                 "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": ENDPOINT},
@@ -560,7 +599,7 @@ def test_custom_selectors(chart: Any) -> None:
     assert pod["nodeSelector"] == {"node.example.com/pool": "h100", "kubernetes.io/os": "linux"}
     expr = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert expr["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "nvidia.com/gpu.product"
-    assert len(pod["tolerations"]) == 2
+    assert pod["tolerations"] == VARIANTS["custom-selectors"]["tolerations"]
     assert pod["priorityClassName"] == "system-node-critical"
     assert pod["runtimeClassName"] == "nvidia"
     assert not by_kind(docs, "PriorityClass")
@@ -640,6 +679,96 @@ def test_notes_mention_the_trade_off(chart: Any) -> None:
     assert "Pod attribution is off" in next(v for k, v in default.items() if k.endswith("NOTES.txt"))
 
 
+def test_notes_tell_what_is_left_to_set(chart: Any) -> None:
+    def notes(values: dict[str, Any]) -> str:
+        out = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+        return str(next(v for k, v in out.items() if k.endswith("NOTES.txt")))
+
+    default = notes({})
+    assert "set prometheus.release=<its release name>" in default
+    assert "set prometheusRule.runbookBaseUrl" in default
+    assert "searchNamespace" in default
+    configured = notes(VARIANTS["kube-prometheus-stack"] | VARIANTS["alert-values"])
+    assert "release=kps" in configured and "prometheus.release=<" not in configured
+    assert "runbookBaseUrl" not in configured
+
+
+# --- kube-prometheus-stack selectors and monitor settings ----------------------------------
+
+
+def test_release_label_reaches_the_monitor_and_the_rules_only(chart: Any) -> None:
+    docs = render(chart, VARIANTS["kube-prometheus-stack"])
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["metadata"]["labels"]["team"] == "inference"
+    rules = by_kind(docs, "PrometheusRule")
+    assert rules
+    for rule in rules:
+        assert rule["metadata"]["labels"]["release"] == "kps"
+        assert rule["metadata"]["labels"]["prometheus"] == "gpu"
+    # the Service, DaemonSet and dashboards are selected by other means
+    for doc in docs:
+        if doc["kind"] not in CRD_KINDS:
+            assert "release" not in doc["metadata"].get("labels", {}), doc["kind"]
+    default = render(chart, {})
+    for doc in by_kind(default, "ServiceMonitor") + by_kind(default, "PrometheusRule"):
+        assert "release" not in doc["metadata"]["labels"]
+
+
+def test_podmonitor_gets_the_release_label_and_its_own_labels_win(chart: Any) -> None:
+    docs = render(chart, VARIANTS["podmonitor-kube-prometheus-stack"])
+    monitor = one(docs, "PodMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kps-gpu"
+    for rule in by_kind(docs, "PrometheusRule"):
+        assert rule["metadata"]["labels"]["release"] == "kps"
+
+
+def test_monitor_job_label_target_labels_and_sample_limit(chart: Any) -> None:
+    docs = render(chart, VARIANTS["kube-prometheus-stack"])
+    spec = one(docs, "ServiceMonitor")["spec"]
+    service_labels = one(docs, "Service")["metadata"]["labels"]
+    assert spec["jobLabel"] == "app.kubernetes.io/name"
+    assert spec["targetLabels"] == ["app.kubernetes.io/instance"]
+    assert spec["sampleLimit"] == 20000
+    # the labels named exist on the Service, or Prometheus would find nothing to copy
+    assert {spec["jobLabel"], *spec["targetLabels"]} <= set(service_labels)
+    # a PodMonitor copies pod labels: podTargetLabels, which a ServiceMonitor calls targetLabels
+    docs = render(chart, VARIANTS["podmonitor-kube-prometheus-stack"])
+    spec = one(docs, "PodMonitor")["spec"]
+    pod_labels = one(docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert spec["podTargetLabels"] == ["app.kubernetes.io/instance", "app.kubernetes.io/version"]
+    assert "targetLabels" not in spec
+    assert spec["jobLabel"] == "app.kubernetes.io/name" and spec["sampleLimit"] == 20000
+    assert {spec["jobLabel"], *spec["podTargetLabels"]} <= set(pod_labels)
+    # unset, the fields are left out (sampleLimit 0 means no limit)
+    spec = one(render(chart, {}), "ServiceMonitor")["spec"]
+    assert not {"jobLabel", "targetLabels", "sampleLimit"} & set(spec)
+
+
+# --- tolerations ---------------------------------------------------------------------------
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+ANY_NO_SCHEDULE = {"operator": "Exists", "effect": "NoSchedule"}
+
+
+def test_every_noschedule_taint_is_tolerated_by_default(chart: Any) -> None:
+    pod = daemonset_pod(render(chart, {}))
+    assert pod["tolerations"] == [GPU_TAINT, ANY_NO_SCHEDULE]
+    # NoExecute taints evict running pods: those stay the operator's to list
+    assert all(t.get("effect") != "NoExecute" for t in pod["tolerations"])
+    assert daemonset_pod(render(chart, {"tolerateAllNoSchedule": False}))["tolerations"] == [GPU_TAINT]
+    nothing = daemonset_pod(render(chart, {"tolerateAllNoSchedule": False, "tolerations": []}))
+    assert "tolerations" not in nothing
+    only_catch_all = daemonset_pod(render(chart, {"tolerations": []}))
+    assert only_catch_all["tolerations"] == [ANY_NO_SCHEDULE]
+    # listed by the operator already: not twice
+    listed = daemonset_pod(render(chart, {"tolerations": [ANY_NO_SCHEDULE, GPU_TAINT]}))
+    assert listed["tolerations"] == [ANY_NO_SCHEDULE, GPU_TAINT]
+    custom = {"key": "dedicated", "operator": "Equal", "value": "inference", "effect": "NoExecute"}
+    both = daemonset_pod(render(chart, {"tolerations": [custom]}))
+    assert both["tolerations"] == [custom, ANY_NO_SCHEDULE]
+
+
 # --- one source for alerts and dashboards --------------------------------------------------
 
 
@@ -649,6 +778,13 @@ def repo_rule_files() -> dict[str, str]:
 
 def repo_dashboard_files() -> dict[str, str]:
     return {p.name: p.read_text() for p in sorted((ROOT / "dashboards").glob("*.json"))}
+
+
+def without_runbook_urls(spec: dict[str, Any]) -> dict[str, Any]:
+    for group in spec["groups"]:
+        for rule in group["rules"]:
+            rule.get("annotations", {}).pop("runbook_url", None)
+    return spec
 
 
 def test_chart_links_to_the_repository_instead_of_copying() -> None:
@@ -680,8 +816,10 @@ def test_chart_carries_exactly_the_repository_rules_and_dashboards(chart: Any, t
     }
     expected_rules = {name for name, text in rules.items() if text.strip()}
     assert set(rendered_rules) == expected_rules
+    # with the default values the chart writes back every literal it owns; runbook_url
+    # is left out while prometheusRule.runbookBaseUrl is empty
     for name, doc in rendered_rules.items():
-        assert doc["spec"] == yaml.safe_load(rules[name]), name
+        assert doc["spec"] == without_runbook_urls(yaml.safe_load(rules[name])), name
     rendered_dashboards = {
         Path(d["metadata"]["annotations"]["llm-gpu-exporter.io/source"]).name: d
         for d in by_kind(docs, "ConfigMap")
@@ -724,3 +862,356 @@ def test_packaged_chart_holds_the_files_not_the_links(chart: Any, chart_dir: Pat
         )
     finally:
         packaged.close()
+
+
+# --- alert values: the rule files rendered with other thresholds, SLO, job and runbooks ----
+
+FILE_RUNBOOK_BASE = "https://github.com/llm-gpu-exporter/llm-gpu-exporter/blob/main/docs/runbooks.md"
+RUNBOOK_BASE = "https://git.example.com/ops/llm-gpu-exporter/blob/v0.1.0/docs/runbooks.md"
+TTFT_RECORDS = [f"target_model:llmgpu_engine_ttft_over_slo:ratio_rate{w}" for w in ("5m", "30m", "1h", "6h")]
+BURN_ALERTS = ["LlmGpuTtftSloBurnFast", "LlmGpuTtftSloBurnSlow"]
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def rule_fields(chart: Any, values: dict[str, Any]) -> dict[tuple[str, str], str]:
+    """(rule name, field) -> text for every rule of the rendered PrometheusRules: expr, for,
+    each label and each annotation."""
+    fields: dict[tuple[str, str], str] = {}
+    for doc in by_kind(render(chart, values), "PrometheusRule"):
+        for group in doc["spec"]["groups"]:
+            for rule in group["rules"]:
+                name = rule.get("alert") or rule["record"]
+                fields[(name, "expr")] = rule["expr"]
+                fields[(name, "for")] = rule.get("for", "")
+                for key, text in rule.get("labels", {}).items():
+                    fields[(name, f"labels.{key}")] = text
+                for key, text in rule.get("annotations", {}).items():
+                    fields[(name, key)] = text
+    return fields
+
+
+def rule_changes(
+    chart: Any, values: dict[str, Any]
+) -> tuple[dict[tuple[str, str], str], dict[tuple[str, str], str]]:
+    """The fields that differ from the files' rules, before and after (runbook base held equal)."""
+    same_base = {"prometheusRule": {"runbookBaseUrl": FILE_RUNBOOK_BASE}}
+    before = rule_fields(chart, same_base)
+    after = rule_fields(chart, deep_merge(same_base, values))
+    assert before.keys() == after.keys()
+    changed = [key for key in before if before[key] != after[key]]
+    return {k: before[k] for k in changed}, {k: after[k] for k in changed}
+
+
+def test_with_runbook_base_set_to_the_files_the_rules_are_the_files(chart: Any) -> None:
+    """The defaults of values.yaml are the literals of alerts/*.rules.yml."""
+    docs = render(chart, {"prometheusRule": {"runbookBaseUrl": FILE_RUNBOOK_BASE}})
+    rules = repo_rule_files()
+    for doc in by_kind(docs, "PrometheusRule"):
+        name = Path(doc["metadata"]["annotations"]["llm-gpu-exporter.io/source"]).name
+        assert doc["spec"] == yaml.safe_load(rules[name]), name
+
+
+# value, the rule it moves, the literal in the file, the literal rendered
+THRESHOLDS = [
+    ("smActiveRatio", 0.8, "LlmGpuSmSaturated", "ratio > 0.95", "ratio > 0.8"),
+    ("clockThrottledRatio", 0.25, "LlmGpuClocksThrottled", "[5m]) > 0.5", "[5m]) > 0.25"),
+    ("nvLinkErrors", 25, "LlmGpuNvLinkErrors", "[5m])) > 10", "[5m])) > 25"),
+    ("oomRiskRatio", 0.75, "LlmGpuOomRiskHigh", ">= 0.6", ">= 0.75"),
+    ("memoryFreeRatio", 0.05, "LlmGpuMemoryExhaustion", "< 0.1", "< 0.05"),
+    ("kvCacheUsageRatio", 0.9, "LlmGpuKvCacheSaturated", "ratio > 0.95", "ratio > 0.9"),
+    ("engineErrorRatio", 0.005, "LlmGpuEngineErrorRatioHigh", "> 0.001", "> 0.005"),
+    ("collectorSampleAgeSeconds", 120, "LlmGpuExporterStale", "seconds > 60", "seconds > 120"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "alert", "old", "new"), THRESHOLDS, ids=[t[0] for t in THRESHOLDS])
+def test_a_threshold_changes_exactly_its_alert(
+    chart: Any, key: str, value: float, alert: str, old: str, new: str
+) -> None:
+    before, after = rule_changes(chart, {"prometheusRule": {"thresholds": {key: value}}})
+    expected = {(alert, "expr")} | ({(alert, "summary")} if key == "engineErrorRatio" else set())
+    assert set(after) == expected
+    assert before[(alert, "expr")].count(old) == 1
+    assert after[(alert, "expr")] == before[(alert, "expr")].replace(old, new)
+    if key == "engineErrorRatio":
+        assert after[(alert, "summary")] == "More than 0.5 % of the engine's requests fail."
+
+
+def test_the_ttft_target_changes_the_recording_rules_and_the_burn_texts(chart: Any) -> None:
+    before, after = rule_changes(
+        chart, {"prometheusRule": {"ttftSlo": {"seconds": 0.5, "bucketBelow": "0.25", "bucketAbove": "0.5"}}}
+    )
+    assert set(after) == {(r, "expr") for r in TTFT_RECORDS} | {
+        (a, f) for a in BURN_ALERTS for f in ("summary", "description")
+    }
+    for record in TTFT_RECORDS:
+        expr = after[(record, "expr")]
+        assert expr == (
+            before[(record, "expr")]
+            .replace('{le="0.25"}', '{le="0.5"}')
+            .replace('{le="0.1"}', '{le="0.25"}')
+            .replace("(250 - 200) / (250 - 100)", "(500 - 500) / (500 - 250)")
+            .replace("(200 - 100) / (250 - 100)", "(500 - 250) / (500 - 250)")
+        )
+    for alert in BURN_ALERTS:
+        assert "the 500 ms SLO" in after[(alert, "summary")]
+        assert after[(alert, "description")] == before[(alert, "description")].replace(
+            "later than 200 ms", "later than 500 ms"
+        )
+
+
+def test_the_objective_changes_the_burn_thresholds_and_texts(chart: Any) -> None:
+    before, after = rule_changes(chart, {"prometheusRule": {"ttftSlo": {"objective": 0.99}}})
+    assert set(after) == {(a, f) for a in BURN_ALERTS for f in ("expr", "description")}
+    assert after[("LlmGpuTtftSloBurnFast", "expr")] == before[("LlmGpuTtftSloBurnFast", "expr")].replace(
+        "14.4 * 0.05", "14.4 * 0.01"
+    )
+    assert after[("LlmGpuTtftSloBurnSlow", "expr")] == before[("LlmGpuTtftSloBurnSlow", "expr")].replace(
+        "6 * 0.05", "6 * 0.01"
+    )
+    for alert in BURN_ALERTS:
+        assert "the 1 % the objective allows" in after[(alert, "description")]
+
+
+def test_the_job_changes_the_exporter_down_and_absent_alerts(chart: Any) -> None:
+    _, after = rule_changes(chart, {"prometheusRule": {"job": 'gpu\\.exporter$|"odd"'}})
+    assert set(after) == {
+        ("LlmGpuExporterDown", "expr"),
+        ("LlmGpuExporterAbsent", "expr"),
+        ("LlmGpuExporterAbsent", "description"),
+    }
+    # written as a PromQL string: backslash and quote escaped, a $ kept as it is
+    selector = 'up{job=~"gpu\\\\.exporter$|\\"odd\\""}'
+    assert after[("LlmGpuExporterDown", "expr")] == selector + " == 0"
+    assert after[("LlmGpuExporterAbsent", "expr")] == f"absent({selector})"
+    assert selector in after[("LlmGpuExporterAbsent", "description")]
+
+
+def test_the_runbook_base_changes_every_runbook_url_and_nothing_else(chart: Any) -> None:
+    _, after = rule_changes(chart, {"prometheusRule": {"runbookBaseUrl": RUNBOOK_BASE}})
+    alerts = {name for (name, field) in rule_fields(chart, {}) if field == "labels.severity"}
+    assert set(after) == {(name, "runbook_url") for name in alerts}
+    for (name, _), url in after.items():
+        assert url == f"{RUNBOOK_BASE}#{name.lower()}"
+    # empty (the default): no alert links to the placeholder repository of the files
+    assert not [key for key in rule_fields(chart, {}) if key[1] == "runbook_url"]
+
+
+def test_a_ttft_target_outside_its_buckets_is_refused(chart: Any) -> None:
+    for slo in ({"seconds": 0.3}, {"seconds": 0.1}, {"bucketBelow": "0.25", "bucketAbove": "0.1"}):
+        with pytest.raises(helm.HelmRenderError, match=r"bucketBelow .* < seconds .* <= bucketAbove"):
+            chart.render({"prometheusRule": {"ttftSlo": slo}}, name=RELEASE, namespace=NAMESPACE)
+
+
+def chart_with_rules(tmp_path: Path, edit: Any) -> Any:
+    """A copy of the chart whose alerts/ is a real directory, with `edit` applied to the
+    alert rule file's text."""
+    copy = tmp_path / CHART.name
+    shutil.copytree(CHART, copy, symlinks=False)
+    path = copy / "alerts" / "llmgpu-alerts.rules.yml"
+    path.write_text(edit(path.read_text()))
+    return helm.Chart.load(copy)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda text: text.replace(
+                "llmgpu_gpu_sm_active_ratio > 0.95", "llmgpu_gpu_sm_active_ratio >= 0.95"
+            ),
+            r"llmgpu-alerts.rules.yml: the expr of LlmGpuSmSaturated no longer contains "
+            r'"llmgpu_gpu_sm_active_ratio > \{smActiveRatio\}"',
+        ),
+        (
+            lambda text: text.replace("burns the 200 ms SLO's", "burns the SLO's"),
+            r"the summary of LlmGpuTtftSloBurnFast no longer contains",
+        ),
+        (
+            lambda text: text.replace("alert: LlmGpuExporterAbsent", "alert: LlmGpuExporterGone"),
+            r"has no rule LlmGpuExporterAbsent, which templates/_rules.tpl edits",
+        ),
+        (lambda text: text.replace("groups:", "groups: ["), r"llmgpu-alerts.rules.yml: .*yaml"),
+    ],
+    ids=["literal-rewritten", "summary-rewritten", "rule-renamed", "not-yaml"],
+)
+def test_a_rule_file_out_of_step_with_the_chart_fails_the_render(
+    tmp_path: Path, edit: Any, message: str
+) -> None:
+    changed = chart_with_rules(tmp_path, edit)
+    try:
+        with pytest.raises(helm.HelmRenderError, match=message):
+            changed.render({}, name=RELEASE, namespace=NAMESPACE)
+    finally:
+        changed.close()
+
+
+def test_rules_rendered_with_other_values_behave_so_under_promtool(chart: Any, tmp_path: Path) -> None:
+    """promtool runs the rules of the alert-values variant on inputs that only its values
+    explain: an SM threshold of 0.8, a 500 ms target on a bucket bound with a 99 %
+    objective, the job monitoring/gpu-exporter."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian package prometheus)")
+    groups = [
+        g
+        for doc in by_kind(render(chart, VARIANTS["alert-values"]), "PrometheusRule")
+        for g in doc["spec"]["groups"]
+    ]
+    rules_path = tmp_path / "rendered.rules.yml"
+    rules_path.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+    node = {"job": "monitoring/gpu-exporter", "instance": "gpu-node-1:9445"}
+    engine = node | {"engine": "vllm", "target": "127.0.0.1:8000", "model": "llama-70b"}
+
+    def selector(name: str, labels: dict[str, str]) -> str:
+        return name + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+    def series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
+        return {"series": selector(name, labels), "values": values}
+
+    def alert(labels: dict[str, str], summary: str, description: str, name: str) -> dict[str, Any]:
+        return {
+            "exp_labels": labels,
+            "exp_annotations": {
+                "summary": summary,
+                "description": description,
+                "runbook_url": f"{RUNBOOK_BASE}#{name.lower()}",
+            },
+        }
+
+    ttft = "llmgpu_engine_time_to_first_token_seconds"
+    tests = [
+        {
+            "name": "SMs 85 % busy: over 0.8, under the file's 0.95",
+            "interval": "1m",
+            "input_series": [
+                series("llmgpu_gpu_sm_active_ratio", node | {"gpu": "0"}, "0.85x10"),
+                series("llmgpu_gpu_sm_active_ratio", node | {"gpu": "1"}, "0.75x10"),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "2m", "alertname": "LlmGpuSmSaturated", "exp_alerts": []},
+                {
+                    "eval_time": "4m",
+                    "alertname": "LlmGpuSmSaturated",
+                    "exp_alerts": [
+                        alert(
+                            {"severity": "warning", **node, "gpu": "0"},
+                            "GPU streaming multiprocessors are saturated.",
+                            "GPU 0 on gpu-node-1:9445 has had 85% of its SMs busy for more than 3 minutes; "
+                            "requests now queue instead of running.",
+                            "LlmGpuSmSaturated",
+                        )
+                    ],
+                },
+            ],
+        },
+        {
+            # 40 % under 0.25 s, 75 % under 0.5 s: 25 % over the 500 ms target, exactly (a
+            # bucket bound), which burns a 1 % budget 25 times over. The files' rules read
+            # 37 % over 200 ms against a 72 % line and stay silent.
+            "name": "25 % of first tokens over 500 ms",
+            "interval": "1m",
+            "input_series": [
+                series(f"{ttft}_bucket", engine | {"le": "0.1"}, "0+10x30"),
+                series(f"{ttft}_bucket", engine | {"le": "0.25"}, "0+40x30"),
+                series(f"{ttft}_bucket", engine | {"le": "0.5"}, "0+75x30"),
+                series(f"{ttft}_count", engine, "0+100x30"),
+            ],
+            "promql_expr_test": [
+                {
+                    "expr": TTFT_RECORDS[0],
+                    "eval_time": "10m",
+                    "exp_samples": [{"labels": selector(TTFT_RECORDS[0], engine), "value": 0.25}],
+                }
+            ],
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": "LlmGpuTtftSloBurnFast", "exp_alerts": []},
+                {
+                    "eval_time": "5m",
+                    "alertname": "LlmGpuTtftSloBurnFast",
+                    "exp_alerts": [
+                        alert(
+                            {"severity": "critical", **engine},
+                            "Time to first token burns the 500 ms SLO's error budget fast.",
+                            "llama-70b on gpu-node-1:9445 (target 127.0.0.1:8000) served 25% of "
+                            "requests in the last 5 minutes with a first token later than 500 ms, "
+                            "over 14 times the 1 % the objective allows.",
+                            "LlmGpuTtftSloBurnFast",
+                        )
+                    ],
+                },
+            ],
+        },
+        {
+            "name": "The exporter job is monitoring/gpu-exporter",
+            "interval": "1m",
+            "input_series": [
+                series("up", {"job": "monitoring/gpu-exporter", "instance": "10.0.0.7:9445"}, "0x10"),
+                # the files' default job: not this release's any more
+                series("up", {"job": "llm-gpu-exporter", "instance": "10.0.0.8:9445"}, "0x10"),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": "LlmGpuExporterDown", "exp_alerts": []},
+                {
+                    "eval_time": "3m",
+                    "alertname": "LlmGpuExporterDown",
+                    "exp_alerts": [
+                        alert(
+                            {
+                                "severity": "critical",
+                                "job": "monitoring/gpu-exporter",
+                                "instance": "10.0.0.7:9445",
+                            },
+                            "Prometheus cannot scrape the GPU exporter.",
+                            "The exporter at 10.0.0.7:9445 (job monitoring/gpu-exporter) has failed "
+                            "its scrapes for more than 2 minutes; the node's GPUs and engines are "
+                            "unwatched.",
+                            "LlmGpuExporterDown",
+                        )
+                    ],
+                },
+                {"eval_time": "12m", "alertname": "LlmGpuExporterAbsent", "exp_alerts": []},
+            ],
+        },
+        {
+            "name": "Only the files' default job is scraped: this release's job is absent",
+            "interval": "1m",
+            "input_series": [series("up", {"job": "llm-gpu-exporter", "instance": "10.0.0.8:9445"}, "1x15")],
+            "alert_rule_test": [
+                {"eval_time": "5m", "alertname": "LlmGpuExporterAbsent", "exp_alerts": []},
+                {
+                    "eval_time": "11m",
+                    "alertname": "LlmGpuExporterAbsent",
+                    "exp_alerts": [
+                        alert(
+                            {"severity": "critical"},
+                            "Prometheus has no GPU exporter target at all.",
+                            'Prometheus has had no series up{job=~"monitoring/gpu-exporter"} for more than '
+                            "10 minutes: no exporter target is left, so no GPU or engine is watched.",
+                            "LlmGpuExporterAbsent",
+                        )
+                    ],
+                },
+            ],
+        },
+    ]
+    test_path = tmp_path / "rendered.test.yml"
+    test_path.write_text(
+        yaml.safe_dump(
+            {"rule_files": [str(rules_path)], "evaluation_interval": "1m", "tests": tests}, sort_keys=False
+        )
+    )
+    result = subprocess.run(
+        [promtool, "test", "rules", str(test_path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout

@@ -80,6 +80,35 @@ REJECTED: list[tuple[dict[str, Any], str]] = [
     ({"discovery": {"annotation": "not a key"}}, r"at '/discovery/annotation'"),
     ({"gpuNodeAffinity": {"terms": [{"key": "k", "operator": "Like"}]}}, r"/operator"),
     ({"logLevel": "verbose"}, r"at '/logLevel'"),
+    ({"tolerateAllNoSchedule": "yes"}, r"at '/tolerateAllNoSchedule': got string, want boolean"),
+    ({"prometheus": {"release": "kube prometheus"}}, r"at '/prometheus/release'"),
+    ({"prometheus": {"releases": "kps"}}, r"at '/prometheus': additional properties 'releases'"),
+    ({"serviceMonitor": {"sampleLimit": -1}}, r"at '/serviceMonitor/sampleLimit'"),
+    ({"serviceMonitor": {"sampleLimit": "10k"}}, r"at '/serviceMonitor/sampleLimit'"),
+    (
+        {"serviceMonitor": {"targetLabels": "team"}},
+        r"at '/serviceMonitor/targetLabels': got string, want array",
+    ),
+    ({"podMonitor": {"targetLabels": ["not a label"]}}, r"at '/podMonitor/targetLabels/0'"),
+    ({"podMonitor": {"jobLabel": "app name"}}, r"at '/podMonitor/jobLabel'"),
+    ({"prometheusRule": {"runbookBaseUrl": "docs/runbooks.md"}}, r"at '/prometheusRule/runbookBaseUrl'"),
+    (
+        {"prometheusRule": {"runbookBaseUrl": "https://example.com/runbooks.md#top"}},
+        r"at '/prometheusRule/runbookBaseUrl'",
+    ),
+    ({"prometheusRule": {"job": ""}}, r"at '/prometheusRule/job'"),
+    (
+        {"prometheusRule": {"thresholds": {"smActiveRatio": 95}}},
+        r"at '/prometheusRule/thresholds/smActiveRatio'",
+    ),
+    ({"prometheusRule": {"thresholds": {"smActive": 0.9}}}, r"additional properties 'smActive'"),
+    ({"prometheusRule": {"ttftSlo": {"objective": 1}}}, r"at '/prometheusRule/ttftSlo/objective'"),
+    ({"prometheusRule": {"ttftSlo": {"seconds": 0}}}, r"at '/prometheusRule/ttftSlo/seconds'"),
+    (
+        {"prometheusRule": {"ttftSlo": {"bucketBelow": 0.1}}},
+        r"at '/prometheusRule/ttftSlo/bucketBelow': got number",
+    ),
+    ({"prometheusRule": {"ttftSlo": {"bucketAbove": "+Inf"}}}, r"at '/prometheusRule/ttftSlo/bucketAbove'"),
 ]
 
 
@@ -114,6 +143,19 @@ def test_defaults_and_documented_values_pass(chart: Any) -> None:
             "resources": {"limits": {"cpu": 1, "memory": "1Gi", "nvidia.com/gpu": 0}},
             "priorityClass": {"create": False},
             "priorityClassName": "system-node-critical",
+            "tolerateAllNoSchedule": False,
+            "prometheus": {"release": "kube-prometheus-stack"},
+            "serviceMonitor": {
+                "jobLabel": "app.kubernetes.io/name",
+                "targetLabels": ["team"],
+                "sampleLimit": 1,
+            },
+            "prometheusRule": {
+                "job": "monitoring/gpu-exporter",
+                "runbookBaseUrl": "https://github.com/acme/llm-gpu-exporter/blob/v0.1.0/docs/runbooks.md",
+                "thresholds": {"nvLinkErrors": 100, "collectorSampleAgeSeconds": 30.5},
+                "ttftSlo": {"seconds": 2, "objective": 0.999, "bucketBelow": "1.0", "bucketAbove": "2.5"},
+            },
         }
     )
 

@@ -122,3 +122,38 @@ app.kubernetes.io/component: exporter
     {{- toYaml . | nindent 4 }}
   {{- end }}
 {{- end -}}
+
+{{/*
+Labels of the Prometheus Operator objects: the chart's, `release: <prometheus.release>`
+(kube-prometheus-stack's selectors match it), then the object's own, which win.
+Takes dict "root" "labels".
+*/}}
+{{- define "llm-gpu-exporter.monitoringLabels" -}}
+{{- $extra := dict -}}
+{{- with .root.Values.prometheus.release -}}
+{{- $_ := set $extra "release" . -}}
+{{- end -}}
+{{- $extra = merge (deepCopy (.labels | default dict)) $extra -}}
+{{- include "llm-gpu-exporter.labels" .root }}
+{{- with $extra }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+Spec fields shared by the ServiceMonitor and the PodMonitor. targetLabels copies labels
+of the Service (ServiceMonitor targetLabels) or of the pod (PodMonitor podTargetLabels).
+Takes dict "monitor" "targetLabels" (the field name).
+*/}}
+{{- define "llm-gpu-exporter.monitorSpec" -}}
+{{- with .monitor.jobLabel }}
+jobLabel: {{ . | quote }}
+{{- end }}
+{{- with .monitor.targetLabels }}
+{{ $.targetLabels }}:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .monitor.sampleLimit }}
+sampleLimit: {{ int64 . }}
+{{- end }}
+{{- end -}}
