@@ -41,6 +41,8 @@ class Exporter:
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
+        # Every thread that may call NVML (collector loops, the XID wait) ends before
+        # nvmlShutdown: a call into a shut-down library is undefined behaviour.
         self.runner.stop()
         _release(self.closers, self.nvml, self.timeline)
 

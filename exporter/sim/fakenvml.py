@@ -538,6 +538,12 @@ def _matches(function: str | None, symbol: str) -> bool:
     return function is not None and (symbol == function or symbol.startswith(function + "_v"))
 
 
+def installed() -> FakeLibrary:
+    """The fake library pynvml is using now."""
+    assert isinstance(N.nvmlLib, FakeLibrary), "the fake NVML library is not installed"
+    return N.nvmlLib
+
+
 def install(timeline: Timeline) -> FakeLibrary:
     """Make pynvml load the fake library instead of libnvidia-ml."""
     lib = FakeLibrary(timeline)
