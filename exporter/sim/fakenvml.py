@@ -186,10 +186,13 @@ class FakeLibrary:
         def call(*args: Any) -> Any:
             self.calls += 1
             now = self.t.now()
-            if name in ("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetCount_v2"):
+            takes_handle = bool(args) and name.startswith("nvmlDevice") and name not in BY_INDEX
+            if name in BY_INDEX:
                 gpu = _val(args[0]) if name.endswith("Index_v2") else None
             else:
-                gpu = self._gpu_of(args[0]) if args and name.startswith("nvmlDevice") else None
+                gpu = self._gpu_of(args[0]) if takes_handle else None
+            if takes_handle and gpu == -1:
+                return N.NVML_ERROR_INVALID_ARGUMENT  # not a handle this library handed out
             for f in self.t.faults("hang", now):
                 if _matches(f.function, name) and (f.gpu is None or f.gpu == gpu):
                     time.sleep(f.seconds)
@@ -204,6 +207,7 @@ class FakeLibrary:
                 return NOT_SUPPORTED
             if (
                 not self.profile.mig_monitor
+                and takes_handle
                 and gpu is not None
                 and _address(args[0]) < MIG_HANDLE_BASE
                 and self._mig_on(gpu)
@@ -385,9 +389,12 @@ class FakeLibrary:
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: Any, ref: Any) -> int:
         """The same mask under its pre-R535 name, exported by every branch."""
-        return self.nvmlDeviceGetCurrentClocksEventReasons(h, ref)
+        return self._clock_reasons(h, ref)
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: Any, ref: Any) -> int:
+        return self._clock_reasons(h, ref)
+
+    def _clock_reasons(self, h: Any, ref: Any) -> int:
         g = self._gpu_of(h)
         bits = 0
         for key, bit in THROTTLE_BITS.items():
@@ -689,6 +696,7 @@ class FakeLibrary:
         return OK
 
 
+BY_INDEX = ("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetCount_v2")
 # What a MIG parent refuses a container that was given MIG devices without the monitor
 # capability (NVIDIA_MIG_MONITOR_DEVICES unset): memory and processes of the whole GPU.
 MIG_MONITOR_FUNCTIONS = ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses")
