@@ -168,3 +168,21 @@ def test_mig_profile_without_monitor_permission(sim) -> None:  # type: ignore[no
     assert snap.gpu(1).get(Memory).used_bytes is None and snap.gpu(0).get(Memory).used_bytes is not None
     status = {c.collector: c for c in snap.collectors}
     assert status["memory"].errors == {"NoPermission": 1}
+
+
+def test_power_brake_slowdown_is_not_thermal_throttling(sim) -> None:  # type: ignore[no-untyped-def]
+    from exporter.diagnosis.frame import frame_of
+
+    s = sim("""
+        gpus: {count: 1, model: H100-80GB-SXM, driver: R470}
+        phases: [{name: p, duration: 100, gpu: {util: 0.9, sm_clock_ratio: 0.4,
+                  throttle_hw_slowdown: 1, throttle_power_brake: 1}}]
+    """)
+    g = frame_of(s.at(5)).gpus[0]
+    assert g.throttle_reasons is not None and "hw_power_brake" in g.throttle_reasons
+    assert "hw_slowdown" not in g.throttle_reasons  # explained by the brake, not by heat
+    s2 = sim("""
+        gpus: {count: 1, model: H100-80GB-SXM}
+        phases: [{name: p, duration: 100, gpu: {util: 0.9, throttle_hw_slowdown: 1}}]
+    """)
+    assert "hw_slowdown" in frame_of(s2.at(5)).gpus[0].throttle_reasons
