@@ -28,6 +28,7 @@ test: venv system-deps vllm-env
 	$(BIN)/ruff check exporter tests bench dashboards alerts
 	$(BIN)/mypy
 	$(BIN)/pytest -q
+	PY=$(PY) bash tests/setup/binding_venvs.sh
 
 lint: venv
 	$(BIN)/ruff check exporter tests bench dashboards alerts
