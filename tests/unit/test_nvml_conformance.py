@@ -14,8 +14,8 @@ import pytest
 from exporter import gpu_readings as R
 from exporter.diagnosis.model import Diagnosis
 from exporter.metricdef import has_value, metric_defs
-from exporter.sim.drivers import DRIVERS, PARTS
 from exporter.sim import fakenvml
+from exporter.sim.drivers import DRIVERS, PARTS
 from exporter.sim.scenario import MODELS, SIM_PID_BASE
 
 FAMILIES = {
