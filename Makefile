@@ -36,6 +36,7 @@ vllm-env: test-deps
 # dashboards are checked by tests too).
 test: test-deps system-deps vllm-env lint typecheck
 	$(BIN)/pytest -q
+	PY=$(PY) bash tests/setup/binding_venvs.sh
 
 # The unit tests alone: no Debian packages, no vLLM venv, no formatting checks.
 unit: test-deps

@@ -41,6 +41,8 @@ class Exporter:
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
+        # Every thread that may call NVML (collector loops, the XID wait) ends before
+        # nvmlShutdown: a call into a shut-down library is undefined behaviour.
         self.runner.stop()
         _release(self.closers, self.nvml, self.timeline)
 
@@ -87,12 +89,13 @@ def build(settings: Settings, *, scenario_clock: Callable[[], float] | None = No
     scenario = load_scenario(settings)
     timeline = None
     clock: Callable[[], float] = time.time
+    sysfs = "/sys"
     if scenario is not None:
         if scenario_clock is None:
             timeline = Timeline(scenario, speed=settings.speed)
         else:
             timeline = Timeline(scenario, speed=1.0, clock=scenario_clock)
-        fakenvml.install(timeline)
+        sysfs = fakenvml.install(timeline).sysfs
         epoch = time.time()
         clock = lambda: epoch + timeline.now()  # noqa: E731 - scenario time on the epoch
     closers: list[Callable[[], None]] = []
@@ -106,7 +109,7 @@ def build(settings: Settings, *, scenario_clock: Callable[[], float] | None = No
             closers.extend(e.stop for e in engines)
             settings = replace(settings, engines=(*settings.engines, *(e.target_spec for e in engines)))
         runner = Runner(
-            collectors.build(Context(settings=settings, nvml=nvml, clock=clock)),
+            collectors.build(Context(settings=settings, nvml=nvml, clock=clock, sysfs=sysfs)),
             interval=settings.interval,
             gpu_count=nvml.count,
             enrichers=enrichers(settings),

@@ -4,6 +4,11 @@ Everything else calls `Nvml.query(...)` and reads constants from `nvml.const`.
 "NOT_SUPPORTED" and "FUNCTION_NOT_FOUND" (a driver older than the binding) both mean
 the value is absent and come back as `None`; every other NVML error is raised as
 `NvmlError` carrying the error's short name (GpuIsLost, Timeout, ...).
+
+The oldest binding this supports (nvidia-ml-py 12.535) lacks names that newer drivers
+answer to, so field ids are numbers here (each names its nvml.h constant) and functions
+a binding may not have are looked up with `function()`, which then answers
+FunctionNotFound like a driver without the symbol would.
 """
 
 from __future__ import annotations
@@ -21,8 +26,89 @@ const = pynvml
 log = logging.getLogger(__name__)
 
 _ABSENT = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-# Errors after which the GPU itself is not answering: its handle must be fetched again.
-DEVICE_GONE = frozenset({"GpuIsLost", "Unknown", "Timeout", "InvalidArgument", "NotFound"})
+# Errors that are about the GPU, not about one function: the GPU is down and its handle
+# must be fetched again. InvalidArgument is what NVML answers for a stale handle. Any
+# other error (NoPermission, Unknown, Timeout, ...) only takes away that call's values.
+DEVICE_GONE = frozenset(
+    {
+        "GpuIsLost",
+        "Uninitialized",
+        "InvalidArgument",
+        "ResetRequired",
+        "DriverNotLoaded",
+        "LibRmVersionMismatch",
+    }
+)
+# Errors of a call the GPU did not answer: a read in which every call ends so means the
+# GPU is not answering (gpu.py); NoPermission and the like are answers.
+UNANSWERED = frozenset({"Unknown", "Timeout"})
+
+# Field ids (nvml.h NVML_FI_DEV_*), by number: see the module docstring.
+FI_PERF_POLICY_POWER = (
+    74  # NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP (= NVML_FI_DEV_PERF_POLICY_POWER), ns
+)
+FI_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN = 269  # NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN, ns
+FI_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN = 270  # NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN, ns
+FI_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN = (
+    271  # NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN
+)
+FI_MEMORY_TEMP = 82  # NVML_FI_DEV_MEMORY_TEMP, degrees C
+FI_NVLINK_LINK_COUNT = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
+FI_PCIE_REPLAY_COUNTER = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
+FI_NVLINK_THROUGHPUT_DATA_TX = 138  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, KiB, scopeId = link
+FI_NVLINK_THROUGHPUT_DATA_RX = 139  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, KiB, scopeId = link
+FI_NVLINK_ERROR_DL_REPLAY = 161  # NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, scopeId = link
+FI_NVLINK_ERROR_DL_RECOVERY = 162  # NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY, scopeId = link
+FI_NVLINK_ERROR_DL_CRC = 163  # NVML_FI_DEV_NVLINK_ERROR_DL_CRC (flit CRC), scopeId = link
+FI_NVLINK_GET_STATE = 165  # NVML_FI_DEV_NVLINK_GET_STATE, scopeId = link
+FI_PCIE_COUNT_TX_BYTES = 197  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES
+FI_PCIE_COUNT_RX_BYTES = 198  # NVML_FI_DEV_PCIE_COUNT_RX_BYTES
+# Data CRC has no link-scoped id: NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L0..L5 are 39..44
+# and _L6..L11 are 102..107, one id per link, none past link 11.
+FI_NVLINK_CRC_DATA_ERROR_COUNT = (39, 40, 41, 42, 43, 44, 102, 103, 104, 105, 106, 107)
+
+
+# Raised by the binding's unversioned wrappers (nvmlDeviceGetComputeRunningProcesses) when
+# the driver lacks the versioned symbol they call; not an NVMLError. Older bindings lack it.
+_MISMATCH: tuple[type[Exception], ...] = tuple(
+    c for c in (getattr(pynvml, "NVMLLibraryMismatchError", None),) if isinstance(c, type)
+)
+
+
+def function(name: str) -> Callable[..., Any]:
+    """A binding function by name; one the installed binding lacks answers FunctionNotFound."""
+    fn = getattr(pynvml, name, None)
+    if callable(fn):
+        return fn  # type: ignore[no-any-return]
+
+    def missing(*args: Any) -> Any:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    missing.__name__ = name
+    return missing
+
+
+class _ProcessInfoV2(ctypes.Structure):
+    """nvml.h nvmlProcessInfo_v2_t, what nvmlDeviceGetComputeRunningProcesses_v2 writes (24 bytes)."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
+
+
+class _ProcessInfoR535(ctypes.Structure):
+    """The record R535 drivers write from nvmlDeviceGetComputeRunningProcesses_v3: 12.2's
+    nvmlProcessInfo_t with usedGpuCcProtectedMemory (32 bytes); R550 went back to 24 bytes
+    for _v3 and the binding reads 24 (nvidia-ml-py 12.535 read 32), so _v3 is read here only
+    without a _v2 symbol, with the record size of the driver's branch."""
+
+    _fields_ = [*_ProcessInfoV2._fields_, ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
+
+
+_NOT_AVAILABLE = 0xFFFF_FFFF_FFFF_FFFF  # NVML_VALUE_NOT_AVAILABLE for unsigned long long
 
 
 class NvmlError(Exception):
@@ -111,6 +197,9 @@ class Nvml:
                     self._log_missing(fn.__name__)
                 return None
             raise NvmlError(error_name(err), fn.__name__) from err
+        except _MISMATCH:
+            self._log_missing(fn.__name__)
+            return None
 
     def supported(self, fn: Callable[..., Any], *args: Any) -> bool:
         """For calls that return nothing: True when done, False when not supported."""
@@ -156,6 +245,52 @@ class Nvml:
                 continue
             out[(fid, scope)] = _field_value(v)
         return out
+
+    def compute_processes(self, handle: Any) -> list[tuple[int, int | None]] | None:
+        """(pid, used bytes) of each compute process; None when the GPU cannot tell.
+
+        The binding's nvmlDeviceGetComputeRunningProcesses calls the _v3 symbol with a
+        24-byte record, which R535 drivers fill with 32-byte ones (every process after the
+        first garbled) and drivers without _v3 refuse with NVMLLibraryMismatchError. The
+        _v2 symbol has kept one layout on every branch: it is called directly here.
+        """
+        for symbol in ("nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetComputeRunningProcesses_v3"):
+            try:
+                fn = pynvml._nvmlGetFunctionPointer(symbol)
+            except pynvml.NVMLError as err:
+                if err.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    continue
+                raise NvmlError(error_name(err), symbol) from err
+            record = _ProcessInfoV2 if symbol.endswith("_v2") else self._v3_record()
+            return self._processes(fn, symbol, handle, record)
+        self._log_missing("nvmlDeviceGetComputeRunningProcesses")
+        return None
+
+    def _v3_record(self) -> type[ctypes.Structure]:
+        version = decode(self.query(pynvml.nvmlSystemGetDriverVersion) or "")
+        return _ProcessInfoR535 if version.startswith("535.") else _ProcessInfoV2
+
+    def _processes(
+        self, fn: Callable[..., int], symbol: str, handle: Any, record: type[ctypes.Structure]
+    ) -> list[tuple[int, int | None]] | None:
+        count = ctypes.c_uint(0)
+        ret = fn(handle, ctypes.byref(count), None)
+        for _ in range(3):  # processes may start between the two calls
+            if ret == pynvml.NVML_SUCCESS and count.value == 0:
+                return []
+            if ret not in (pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_INSUFFICIENT_SIZE):
+                break
+            count.value = count.value * 2 + 5
+            records = (record * count.value)()
+            ret = fn(handle, ctypes.byref(count), records)
+            if ret == pynvml.NVML_SUCCESS:
+                return [
+                    (int(r.pid), None if r.usedGpuMemory == _NOT_AVAILABLE else int(r.usedGpuMemory))
+                    for r in records[: count.value]
+                ]
+        if ret == pynvml.NVML_ERROR_NOT_SUPPORTED:
+            return None
+        raise NvmlError(error_name(pynvml.NVMLError(ret)), symbol)
 
     def _log_missing(self, name: str) -> None:
         if name not in self._missing_logged:

@@ -9,6 +9,7 @@ derived from the whole picture (engine-GPU join, diagnosis), and renders it once
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import platform
 import threading
@@ -21,12 +22,14 @@ from exporter import __version__
 from exporter.collectors.base import Collector, Output
 from exporter.exposition import Rendered, render
 from exporter.gpu_readings import DeviceFacts, Xid
+from exporter.metricdef import has_value
 from exporter.snapshot import CollectorStatus, ExporterInfo, GpuState, Snapshot
 
 log = logging.getLogger(__name__)
 
 KEPT_WHEN_DOWN = (DeviceFacts, Xid)
 KEPT_FAMILIES = {cls.family for cls in KEPT_WHEN_DOWN}
+COUNTERS_KEPT_S = 300.0  # Prometheus' lookback: a stalled collector's counters end after it
 Enricher = Callable[[Snapshot], tuple[object, ...]]
 Attribution = Callable[[str], Mapping[str, str]]  # GPU uuid -> namespace/pod/container
 
@@ -49,6 +52,31 @@ class _Slot:
     success: bool = False
     errors: Counter[str] = field(default_factory=Counter)
     logged: set[str] = field(default_factory=set)
+
+
+def _counters_of(output: Output) -> Output:
+    """The per-GPU counters of an output; gauges, GPU errors and node readings dropped."""
+    gpus: dict[int, tuple[object, ...]] = {}
+    for index, readings in output.gpus.items():
+        kept = tuple(r for r in (_counters_only(r) for r in readings) if r is not None)
+        if kept:
+            gpus[index] = kept
+    return Output(gpus=gpus)
+
+
+def _counters_only(reading: object) -> object | None:
+    """The reading with every non-counter metric set to None; None when nothing is left."""
+    if not dataclasses.is_dataclass(reading) or isinstance(reading, type):
+        return None
+    changes: dict[str, object] = {}
+    for f in dataclasses.fields(reading):
+        value = getattr(reading, f.name)
+        if f.metadata.get("nested"):
+            changes[f.name] = tuple(s for s in (_counters_only(v) for v in value) if s is not None)
+        elif "metric" in f.metadata and f.metadata["metric"].kind != "counter":
+            changes[f.name] = None
+    kept = dataclasses.replace(reading, **changes)
+    return kept if has_value(kept) else None
 
 
 class Runner:
@@ -91,10 +119,21 @@ class Runner:
         t.start()
         self._threads.append(t)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop and wait: collector loops first (no NVML call is in flight after them,
+        unless one is hung past `timeout`), then each collector's own threads (the XID
+        wait), so that NVML can be shut down behind this."""
         self._stop.set()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                log.warning("thread %s did not end within %.0f s (a hung NVML call)", t.name, timeout)
         for slot in self._slots:
-            slot.collector.stop()
+            try:
+                slot.collector.stop()
+            except Exception:
+                log.exception("stopping collector %s failed", slot.collector.name)
 
     def _loop(self, slot: _Slot) -> None:
         while not self._stop.is_set():
@@ -180,13 +219,15 @@ class Runner:
                     errors=errors or None,
                 )
             )
-            # A collector stuck in a hung call stops speaking for its GPUs after a while.
-            if (
-                output is not None
-                and age is not None
-                and age <= max(3 * collector.interval_s, 3 * self.interval, 5.0)
-            ):
+            # A collector stuck in a hung call (on one GPU, say: its run covers them all)
+            # stops vouching for its gauges after a while, and for its GPUs' state. Its
+            # counters stay: a counter that vanishes and returns breaks rate() over the gap.
+            if output is None or age is None:
+                continue
+            if age <= max(3 * collector.interval_s, 3 * self.interval, 5.0):
                 fresh.append(output)
+            elif age <= COUNTERS_KEPT_S:
+                fresh.append(_counters_of(output))
 
         gpus = []
         for index in range(self.gpu_count):

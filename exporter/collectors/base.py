@@ -65,6 +65,9 @@ class Context:
     # Wall time, or scenario time mapped onto the epoch when simulating: rates and
     # windows must use this clock so accelerated scenarios stay consistent.
     clock: Callable[[], float] = time.time
+    # Root of the sysfs the collectors read (PCI NUMA node, CPU lists); the simulator
+    # points it at the tree its GPU profile describes.
+    sysfs: str = "/sys"
 
 
 Factory = Callable[[Context], Collector]

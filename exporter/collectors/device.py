@@ -1,4 +1,9 @@
-"""Static GPU facts: name, identity, driver, NUMA placement, modes and limits."""
+"""Static GPU facts: name, identity, driver, NUMA placement, modes and limits.
+
+The NUMA node is where the GPU's PCI device hangs off, and only a node with CPUs: on
+Grace (GH200, GB200) nvmlDeviceGetNumaNodeId answers the node of the GPU's own memory,
+which has no CPUs, so an engine pinned right would look misplaced on every GPU.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,9 @@ from exporter.collectors.gpu import GpuCollector
 from exporter.gpu_readings import DeviceFacts
 from exporter.gpu_specs import spec_of
 from exporter.nvml import const as N
-from exporter.nvml import decode
+from exporter.nvml import decode, function
+
+AFFINITY_WORDS = 4  # 64-bit words of the node mask nvmlDeviceGetMemoryAffinity fills: 256 nodes
 
 
 class DeviceCollector(GpuCollector):
@@ -18,32 +25,58 @@ class DeviceCollector(GpuCollector):
     default_interval = 60.0
     follows_interval = False
 
-    def __init__(self, ctx: Context, sysfs: str = "/sys") -> None:
+    def __init__(self, ctx: Context, sysfs: str | None = None) -> None:
         super().__init__(ctx)
-        self.sysfs = Path(sysfs)
+        self.sysfs = Path(sysfs or ctx.sysfs)
         self._driver: str | None = None
         self._cuda: str | None = None
 
     def _system(self) -> tuple[str, str]:
         if self._driver is None:
-            q = self.nvml.query
+            q = self.query
             self._driver = decode(q(N.nvmlSystemGetDriverVersion) or "")
             cuda = q(N.nvmlSystemGetCudaDriverVersion)
             self._cuda = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else ""
         return self._driver, self._cuda or ""
 
     def _numa(self, h: Any, bus_id: str) -> str:
-        node = self.nvml.query(N.nvmlDeviceGetNumaNodeId, h)
-        if node is None:  # older drivers: the PCI device's sysfs entry knows
-            path = self.sysfs / "bus/pci/devices" / bus_id.lower()[4:] / "numa_node"
-            try:
-                node = int(path.read_text())
-            except (OSError, ValueError):
-                return ""
-        return str(node) if node >= 0 else ""
+        """The first answer naming a node with CPUs: the PCI device's sysfs entry, then
+        the nodes NVML calls close to the GPU, then nvmlDeviceGetNumaNodeId."""
+        for node in (self._pci_node(bus_id), *self._affinity_nodes(h), self._nvml_node(h)):
+            if node is not None and node >= 0 and self._has_cpus(node):
+                return str(node)
+        return ""
+
+    def _pci_node(self, bus_id: str) -> int | None:
+        # sysfs names the device by a 4-digit domain; NVML's bus id has 8 ("00000000:18:00.0").
+        path = self.sysfs / "bus/pci/devices" / bus_id.lower()[4:] / "numa_node"
+        try:
+            return int(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _affinity_nodes(self, h: Any) -> list[int]:
+        words = self.query(
+            function("nvmlDeviceGetMemoryAffinity"), h, AFFINITY_WORDS, N.NVML_AFFINITY_SCOPE_NODE
+        )
+        if words is None:
+            return []
+        return [w * 64 + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1]
+
+    def _nvml_node(self, h: Any) -> int | None:
+        node = self.query(function("nvmlDeviceGetNumaNodeId"), h)
+        return int(node) if node is not None else None
+
+    def _has_cpus(self, node: int) -> bool:
+        """False for CPU-less nodes (Grace's GPU memory, CXL memory) and unknown ones."""
+        path = self.sysfs / "devices/system/node" / f"node{node}" / "cpulist"
+        try:
+            return bool(path.read_text().strip())
+        except OSError:
+            return False
 
     def read(self, index: int, h: Any) -> DeviceFacts:
-        q = self.nvml.query
+        q = self.query
         driver, cuda = self._system()
         name = decode(q(N.nvmlDeviceGetName, h) or "")
         pci = q(N.nvmlDeviceGetPciInfo, h)

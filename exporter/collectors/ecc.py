@@ -15,7 +15,7 @@ class EccCollector(GpuCollector):
     default_interval = 10.0
 
     def read(self, index: int, h: Any) -> Ecc:
-        q = self.nvml.query
+        q = self.query
         corrected = q(
             N.nvmlDeviceGetTotalEccErrors, h, N.NVML_MEMORY_ERROR_TYPE_CORRECTED, N.NVML_VOLATILE_ECC
         )

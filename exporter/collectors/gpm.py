@@ -2,19 +2,25 @@
 
 Each GPU keeps two sample buffers and alternates them: every run takes one new sample
 and compares it with the previous run's, so nothing ever sleeps between two samples.
+NVML compares only samples at least 100 ms apart: a run sooner than that after the last
+sample keeps the previous sample and repeats the last result. Buffers are freed when a
+GPU stops answering and when the collector stops.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.collectors.base import Context, register
 from exporter.collectors.gpu import GpuCollector
 from exporter.gpu_readings import Profiling
+from exporter.nvml import NvmlError
 from exporter.nvml import const as N
 
 MIB = 1024 * 1024
+MIN_SAMPLE_GAP_S = 0.1  # NVML's shortest span between two GPM samples it compares
 # metric id -> (Profiling field, scale to base units)
 METRICS: dict[int, tuple[str, float]] = {
     N.NVML_GPM_METRIC_SM_UTIL: ("sm_active_ratio", 0.01),
@@ -35,8 +41,9 @@ METRICS: dict[int, tuple[str, float]] = {
 class _GpuState:
     supported: bool
     samples: list[Any] = field(default_factory=list)
-    have_previous: bool = False
+    taken_at: float | None = None  # when the newest sample was taken (collector clock)
     metric_ids: list[int] | None = None  # None until probed
+    last: Profiling | None = None
 
 
 class GpmCollector(GpuCollector):
@@ -44,37 +51,49 @@ class GpmCollector(GpuCollector):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
+        self.clock = ctx.clock
         self._state: dict[int, _GpuState] = {}
 
-    def _gpu(self, index: int, h: Any) -> _GpuState:
+    def _gpu(self, index: int, h: Any) -> _GpuState | None:
         state = self._state.get(index)
         if state is None:
-            support = self.nvml.query(N.nvmlGpmQueryDeviceSupport, h)
+            support = self.query(N.nvmlGpmQueryDeviceSupport, h)
             state = _GpuState(supported=bool(support is not None and support.isSupportedDevice))
             if state.supported:
-                state.samples = [N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()]
+                for _ in range(2):
+                    sample = self.query(N.nvmlGpmSampleAlloc)
+                    if sample is None:  # this GPU only: try again next run
+                        self._free(state)
+                        return None
+                    state.samples.append(sample)
             self._state[index] = state
         return state
 
     def read(self, index: int, h: Any) -> Profiling | None:
         state = self._gpu(index, h)
-        if not state.supported:
+        if state is None or not state.supported:
             return None
+        now = self.clock()
+        if state.taken_at is not None and now - state.taken_at < MIN_SAMPLE_GAP_S:
+            return state.last  # too soon for NVML to compare: keep the previous sample
         current, previous = state.samples[1], state.samples[0]
-        if self.nvml.query(N.nvmlGpmSampleGet, h, current) is None:
+        if self.query(N.nvmlGpmSampleGet, h, current) is None:
             return None
         state.samples.reverse()  # this sample is the next run's previous one
-        if not state.have_previous:
-            state.have_previous = True
+        first = state.taken_at is None
+        state.taken_at = now
+        if first:
             return None
         ids = state.metric_ids if state.metric_ids is not None else list(METRICS)
         got = self._metrics(previous, current, ids)
+        if got is None:
+            return None
         if state.metric_ids is None:  # probe once: keep the ids this GPU answers
             state.metric_ids = [m for m in ids if m in got]
-        values = {METRICS[m][0]: v * METRICS[m][1] for m, v in got.items()}
-        return Profiling(**values)
+        state.last = Profiling(**{METRICS[m][0]: v * METRICS[m][1] for m, v in got.items()})
+        return state.last
 
-    def _metrics(self, first: Any, second: Any, ids: list[int]) -> dict[int, float]:
+    def _metrics(self, first: Any, second: Any, ids: list[int]) -> dict[int, float] | None:
         req = N.c_nvmlGpmMetricsGet_t()
         req.version = N.NVML_GPM_METRICS_GET_VERSION
         req.numMetrics = len(ids)
@@ -82,16 +101,33 @@ class GpmCollector(GpuCollector):
         req.sample2 = second
         for i, metric_id in enumerate(ids):
             req.metrics[i].metricId = metric_id
-        if self.nvml.query(N.nvmlGpmMetricsGet, req) is None:
-            return {}
+        self._calls += 1
+        try:  # takes no device handle: whatever it answers is about these samples, not the GPU
+            if self.nvml.query(N.nvmlGpmMetricsGet, req) is None:
+                return {}
+        except NvmlError as err:
+            self.failed(err)
+            return None
         return {
             req.metrics[i].metricId: req.metrics[i].value
             for i in range(len(ids))
             if req.metrics[i].nvmlReturn == N.NVML_SUCCESS
         }
 
+    def _free(self, state: _GpuState) -> None:
+        for sample in state.samples:
+            with contextlib.suppress(NvmlError):
+                self.nvml.query(N.nvmlGpmSampleFree, sample)
+        state.samples = []
+
     def forget(self, index: int) -> None:
-        self._state.pop(index, None)
+        state = self._state.pop(index, None)
+        if state is not None:
+            self._free(state)
+
+    def stop(self) -> None:
+        for index in list(self._state):
+            self.forget(index)
 
 
 @register("gpm", "GPM profiling: SM/tensor/DRAM activity, pipes, PCIe and NVLink rates (Hopper+)", nvml=True)

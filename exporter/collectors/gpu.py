@@ -1,13 +1,24 @@
-"""Shared loop of the per-GPU NVML collectors: one GPU failing never stops the others."""
+"""Shared loop of the per-GPU NVML collectors: one GPU failing never stops the others,
+and one function failing never stops the GPU.
+
+A read goes through `query`, `field_values` and `query_versioned` here, which keep a
+failed function's values absent and count its error by name. Only a failure of the GPU
+itself (a DEVICE_GONE error, no handle, or every call of the read failing) marks the
+GPU down for this collector and drops its handle and per-GPU state.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from exporter.collectors.base import Collector, Context, Output
 from exporter.metricdef import has_value
-from exporter.nvml import DEVICE_GONE, Nvml, NvmlError
+from exporter.nvml import DEVICE_GONE, UNANSWERED, Nvml, NvmlError
+
+log = logging.getLogger(__name__)
 
 
 class GpuCollector(Collector):
@@ -26,6 +37,9 @@ class GpuCollector(Collector):
         self.nvml: Nvml = ctx.nvml
         base = ctx.settings.interval
         self.interval_s = base * self.default_interval if self.follows_interval else self.default_interval
+        self._calls = 0
+        self._failed: Counter[str] = Counter()
+        self._logged: set[tuple[str, str]] = set()
 
     def read(self, index: int, handle: Any) -> object | None:
         raise NotImplementedError
@@ -33,23 +47,67 @@ class GpuCollector(Collector):
     def forget(self, index: int) -> None:
         """Drop per-GPU state; nothing for collectors that keep none."""
 
+    # ---- calls that fail alone -----------------------------------------------------------
+
+    def _guard(self, call: Callable[[], Any]) -> Any:
+        self._calls += 1
+        try:
+            return call()
+        except NvmlError as err:
+            if err.name in DEVICE_GONE:
+                raise
+            self.failed(err)
+            return None
+
+    def failed(self, err: NvmlError) -> None:
+        """Count a call that failed alone (for reads that handle an error themselves)."""
+        self._failed[err.name] += 1
+        if (err.function, err.name) not in self._logged:
+            self._logged.add((err.function, err.name))
+            log.warning("%s: %s failed (%s); its values stay absent", self.name, err.function, err.name)
+
+    def query(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`Nvml.query`, with a function-level error turned into an absent value."""
+        return self._guard(lambda: self.nvml.query(fn, *args))
+
+    def field_values(self, handle: Any, ids: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
+        return self._guard(lambda: self.nvml.field_values(handle, ids)) or {}
+
+    def query_versioned(self, key: str, variants: list[Callable[[], Any]]) -> Any:
+        return self._guard(lambda: self.nvml.query_versioned(key, variants))
+
+    def _unanswered(self) -> str | None:
+        """The error of a GPU that answered none of this read's calls (two at least: one
+        function failing alone is not a GPU failing), or None."""
+        dead = sum(n for name, n in self._failed.items() if name in UNANSWERED)
+        if self._calls >= 2 and dead == self._calls:
+            return self._failed.most_common(1)[0][0]
+        return None
+
+    # ---- the loop ------------------------------------------------------------------------
+
     def collect(self) -> Output:
         gpus: dict[int, tuple[object, ...]] = {}
         gpu_errors: dict[int, str] = {}
         unsupported: dict[int, tuple[str, ...]] = {}
         errors: Counter[str] = Counter()
         for index in range(self.nvml.count):
+            self._calls, self._failed = 0, Counter()
             try:
                 reading = self.read(index, self.nvml.handle(index))
             except NvmlError as err:
-                gpu_errors[index] = err.name
+                down: str | None = err.name
                 errors[err.name] += 1
-                if err.name in DEVICE_GONE:
-                    self.nvml.forget(index)
-                    self.forget(index)
+            else:
+                down = self._unanswered()
+            errors.update(self._failed)
+            if down is not None:
+                gpu_errors[index] = down
+                self.nvml.forget(index)
+                self.forget(index)
                 continue
             if reading is not None and has_value(reading):
                 gpus[index] = (reading,)
-            else:
+            elif not self._failed:  # nothing failed: the GPU does not have it
                 unsupported[index] = (self.name,)
         return Output(gpus=gpus, gpu_errors=gpu_errors, errors=dict(errors), unsupported=unsupported)

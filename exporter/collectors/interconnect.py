@@ -1,6 +1,10 @@
 """PCIe and NVLink: cumulative byte counters from field values, replays, link state, errors.
 
-nvmlDeviceGetPcieThroughput is never called: it blocks about 20 ms per call.
+nvmlDeviceGetPcieThroughput is never called: it blocks about 20 ms per call. NVLink is
+read in one field-values call per GPU: the link count once, then the byte counters of
+every link each run and, every SLOW_EVERY runs, link state and error counters (fields
+with scopeId = link). Only what the driver refuses as a field falls back to the per-link
+functions (older drivers; data CRC past link 11, which has no field id).
 """
 
 from __future__ import annotations
@@ -10,32 +14,42 @@ from typing import Any
 from exporter.collectors.base import Context, register
 from exporter.collectors.gpu import GpuCollector
 from exporter.gpu_readings import NvLink, NvLinkPort, Pcie
-from exporter.nvml import NvmlError
+from exporter.nvml import (
+    FI_NVLINK_CRC_DATA_ERROR_COUNT,
+    FI_NVLINK_ERROR_DL_CRC,
+    FI_NVLINK_ERROR_DL_RECOVERY,
+    FI_NVLINK_ERROR_DL_REPLAY,
+    FI_NVLINK_GET_STATE,
+    FI_NVLINK_LINK_COUNT,
+    FI_NVLINK_THROUGHPUT_DATA_RX,
+    FI_NVLINK_THROUGHPUT_DATA_TX,
+    FI_PCIE_COUNT_RX_BYTES,
+    FI_PCIE_COUNT_TX_BYTES,
+    FI_PCIE_REPLAY_COUNTER,
+    NvmlError,
+)
 from exporter.nvml import const as N
 
-PCIE_FIELDS = [
-    (N.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0),
-    (N.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0),
-    (N.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 0),
-]
+PCIE_FIELDS = [(FI_PCIE_COUNT_TX_BYTES, 0), (FI_PCIE_COUNT_RX_BYTES, 0), (FI_PCIE_REPLAY_COUNTER, 0)]
+# error type label -> (link-scoped field id, nvmlDeviceGetNvLinkErrorCounter counter)
 NVLINK_ERRORS = {
-    N.NVML_NVLINK_ERROR_DL_REPLAY: "replay",
-    N.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
-    N.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
-    N.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
+    "replay": (FI_NVLINK_ERROR_DL_REPLAY, N.NVML_NVLINK_ERROR_DL_REPLAY),
+    "recovery": (FI_NVLINK_ERROR_DL_RECOVERY, N.NVML_NVLINK_ERROR_DL_RECOVERY),
+    "crc_flit": (FI_NVLINK_ERROR_DL_CRC, N.NVML_NVLINK_ERROR_DL_CRC_FLIT),
 }
+CRC_DATA_COUNTER = N.NVML_NVLINK_ERROR_DL_CRC_DATA
 MAX_LINKS = N.NVML_NVLINK_MAX_LINKS
-# Byte counters come in one field-values call per GPU every run; state and the four error
-# counters cost five calls per link (90 on an 18-link H100), so they are read every 10 runs.
-SLOW_EVERY = 10
+SLOW_EVERY = 10  # state and error counters change rarely: read every 10 runs
+
+Health = tuple[int | None, dict[str, int] | None]
 
 
 class PcieCollector(GpuCollector):
     name = "pcie"
 
     def read(self, index: int, h: Any) -> Pcie:
-        f = self.nvml.field_values(h, PCIE_FIELDS)
-        q = self.nvml.query
+        f = self.field_values(h, PCIE_FIELDS)
+        q = self.query
 
         def get(i: int) -> int | None:
             v = f.get(PCIE_FIELDS[i])
@@ -50,16 +64,30 @@ class PcieCollector(GpuCollector):
         )
 
 
+def _health_fields(link: int) -> list[tuple[int, int]]:
+    ids = [(FI_NVLINK_GET_STATE, link), *((fid, link) for fid, _ in NVLINK_ERRORS.values())]
+    if link < len(FI_NVLINK_CRC_DATA_ERROR_COUNT):
+        ids.append((FI_NVLINK_CRC_DATA_ERROR_COUNT[link], 0))  # the link is in the id
+    return ids
+
+
 class NvLinkCollector(GpuCollector):
     name = "nvlink"
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self._links: dict[int, list[int]] = {}  # GPU -> links that answer, probed once
+        self._links: dict[int, list[int]] = {}  # GPU -> its links, learnt once
         self._runs: dict[int, int] = {}
-        self._health: dict[int, dict[int, tuple[int | None, dict[str, int] | None]]] = {}
+        self._health: dict[int, dict[int, Health]] = {}
+
+    def _count(self, h: Any) -> list[int]:
+        count = self.field_values(h, [(FI_NVLINK_LINK_COUNT, 0)]).get((FI_NVLINK_LINK_COUNT, 0))
+        if count is not None:
+            return list(range(min(int(count), MAX_LINKS)))
+        return self._probe(h)
 
     def _probe(self, h: Any) -> list[int]:
+        """Drivers without the link-count field: links answer until the first that does not."""
         links = []
         for link in range(MAX_LINKS):
             try:
@@ -73,27 +101,35 @@ class NvLinkCollector(GpuCollector):
             links.append(link)
         return links
 
+    def forget(self, index: int) -> None:
+        self._links.pop(index, None)
+        self._runs.pop(index, None)
+        self._health.pop(index, None)
+
     def read(self, index: int, h: Any) -> NvLink | None:
         if index not in self._links:
-            self._links[index] = self._probe(h)
+            self._links[index] = self._count(h)
         links = self._links[index]
         if not links:
             return None
+        runs = self._runs.get(index, 0)
+        self._runs[index] = runs + 1
+        slow = runs % SLOW_EVERY == 0 or index not in self._health
         ids = [
             (fid, link)
             for link in links
-            for fid in (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)
+            for fid in (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX)
         ]
-        kib = self.nvml.field_values(h, ids)
-        runs = self._runs.get(index, 0)
-        self._runs[index] = runs + 1
-        if runs % SLOW_EVERY == 0 or index not in self._health:
-            self._health[index] = {link: self._link_health(h, link) for link in links}
+        if slow:
+            ids += [f for link in links for f in _health_fields(link)]
+        got = self.field_values(h, ids)
+        if slow:
+            self._health[index] = {link: self._link_health(h, link, got) for link in links}
         health = self._health[index]
         ports = []
         for link in links:
-            tx = kib.get((N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link))
-            rx = kib.get((N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link))
+            tx = got.get((FI_NVLINK_THROUGHPUT_DATA_TX, link))
+            rx = got.get((FI_NVLINK_THROUGHPUT_DATA_RX, link))
             up, errors = health[link]
             ports.append(
                 NvLinkPort(
@@ -106,13 +142,24 @@ class NvLinkCollector(GpuCollector):
             )
         return NvLink(links=tuple(ports))
 
-    def _link_health(self, h: Any, link: int) -> tuple[int | None, dict[str, int] | None]:
-        """Link state and error counters: one call each, so read every SLOW_EVERY runs."""
-        q = self.nvml.query
-        errors = {name: q(N.nvmlDeviceGetNvLinkErrorCounter, h, link, c) for c, name in NVLINK_ERRORS.items()}
-        return q(N.nvmlDeviceGetNvLinkState, h, link), {
-            k: v for k, v in errors.items() if v is not None
-        } or None
+    def _link_health(self, h: Any, link: int, got: dict[tuple[int, int], float]) -> Health:
+        """State and error counters from the fields; a function call only for what they lack."""
+        q = self.query
+        state = got.get((FI_NVLINK_GET_STATE, link))
+        up = int(state) if state is not None else q(N.nvmlDeviceGetNvLinkState, h, link)
+        errors: dict[str, int | None] = {}
+        for name, (fid, counter) in NVLINK_ERRORS.items():
+            v = got.get((fid, link))
+            errors[name] = int(v) if v is not None else q(N.nvmlDeviceGetNvLinkErrorCounter, h, link, counter)
+        data = (
+            got.get((FI_NVLINK_CRC_DATA_ERROR_COUNT[link], 0))
+            if link < len(FI_NVLINK_CRC_DATA_ERROR_COUNT)
+            else None
+        )
+        errors["crc_data"] = (
+            int(data) if data is not None else q(N.nvmlDeviceGetNvLinkErrorCounter, h, link, CRC_DATA_COUNTER)
+        )
+        return up, {k: v for k, v in errors.items() if v is not None} or None
 
 
 @register("pcie", "PCIe byte counters, replays and link generation/width", nvml=True)

@@ -16,7 +16,7 @@ class MigCollector(GpuCollector):
     default_interval = 5.0
 
     def read(self, index: int, h: Any) -> Mig | None:
-        q = self.nvml.query
+        q = self.query
         mode = q(N.nvmlDeviceGetMigMode, h)
         if mode is None:
             return None
@@ -25,11 +25,11 @@ class MigCollector(GpuCollector):
         instances = []
         for slot in range(q(N.nvmlDeviceGetMaxMigDeviceCount, h) or 0):
             try:
-                mh = q(N.nvmlDeviceGetMigDeviceHandleByIndex, h, slot)
+                mh = self.nvml.query(N.nvmlDeviceGetMigDeviceHandleByIndex, h, slot)
             except NvmlError as err:
-                if err.name == "NotFound":  # an empty slot
-                    continue
-                raise
+                if err.name != "NotFound":  # NotFound: an empty slot
+                    self.failed(err)
+                continue
             if mh is None:
                 continue
             memory = q(N.nvmlDeviceGetMemoryInfo, mh)

@@ -9,7 +9,6 @@ import psutil
 from exporter.collectors.base import Context, register
 from exporter.collectors.gpu import GpuCollector
 from exporter.gpu_readings import GpuProcess, Processes
-from exporter.nvml import const as N
 
 
 def process_name(pid: int) -> str:
@@ -29,16 +28,16 @@ class ProcessesCollector(GpuCollector):
         self._names: dict[int, str] = {}  # pid -> name; pids are reused rarely enough
 
     def read(self, index: int, h: Any) -> Processes:
-        procs = self.nvml.query(N.nvmlDeviceGetComputeRunningProcesses, h)
+        procs = self.query(self.nvml.compute_processes, h)
         if procs is None:
             return Processes()
         items = []
-        for p in procs:
-            name = self._names.get(p.pid)
+        for pid, used in procs:
+            name = self._names.get(pid)
             if name is None:
-                name = self._names[p.pid] = process_name(p.pid)
-            items.append(GpuProcess(pid=p.pid, process=name, used_bytes=p.usedGpuMemory))
-        live = {p.pid for p in procs}
+                name = self._names[pid] = process_name(pid)
+            items.append(GpuProcess(pid=pid, process=name, used_bytes=used))
+        live = {pid for pid, _ in procs}
         for pid in [pid for pid in self._names if pid not in live and len(self._names) > 4096]:
             del self._names[pid]
         return Processes(count=len(items), items=tuple(items))

@@ -7,6 +7,14 @@ from typing import Any
 from exporter.collectors.base import Context, register
 from exporter.collectors.gpu import GpuCollector
 from exporter.gpu_readings import Clocks, Memory, Power, Utilization
+from exporter.nvml import (
+    FI_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN,
+    FI_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
+    FI_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
+    FI_MEMORY_TEMP,
+    FI_PERF_POLICY_POWER,
+    function,
+)
 from exporter.nvml import const as N
 
 # Clock-event reason bit -> label; GpuIdle is no throttle and stays out.
@@ -21,12 +29,12 @@ REASONS = {
 }
 # Cumulative held-down time per reason, in nanoseconds.
 REASON_FIELDS = {
-    (N.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP, 0): "sw_power_cap",
-    (N.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN, 0): "sw_thermal",
-    (N.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN, 0): "hw_thermal",
-    (N.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN, 0): "hw_power_brake",
+    (FI_PERF_POLICY_POWER, 0): "sw_power_cap",
+    (FI_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN, 0): "sw_thermal",
+    (FI_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN, 0): "hw_thermal",
+    (FI_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN, 0): "hw_power_brake",
 }
-MEMORY_TEMP = (N.NVML_FI_DEV_MEMORY_TEMP, 0)
+MEMORY_TEMP = (FI_MEMORY_TEMP, 0)
 FIELDS = [*REASON_FIELDS, MEMORY_TEMP]
 
 
@@ -34,7 +42,7 @@ class UtilizationCollector(GpuCollector):
     name = "utilization"
 
     def read(self, index: int, h: Any) -> Utilization:
-        u = self.nvml.query(N.nvmlDeviceGetUtilizationRates, h)
+        u = self.query(N.nvmlDeviceGetUtilizationRates, h)
         if u is None:
             return Utilization()
         return Utilization(gpu_busy_ratio=u.gpu / 100, memory_busy_ratio=u.memory / 100)
@@ -44,15 +52,14 @@ class MemoryCollector(GpuCollector):
     name = "memory"
 
     def read(self, index: int, h: Any) -> Memory:
-        q = self.nvml
-        m = q.query_versioned(
+        m = self.query_versioned(
             "nvmlDeviceGetMemoryInfo",
             [
                 lambda: N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2),
                 lambda: N.nvmlDeviceGetMemoryInfo(h),
             ],
         )
-        bar1 = q.query(N.nvmlDeviceGetBAR1MemoryInfo, h)
+        bar1 = self.query(N.nvmlDeviceGetBAR1MemoryInfo, h)
         return Memory(
             used_bytes=m.used if m is not None else None,
             free_bytes=m.free if m is not None else None,
@@ -66,11 +73,18 @@ class ClocksCollector(GpuCollector):
     name = "clocks"
 
     def read(self, index: int, h: Any) -> Clocks:
-        q = self.nvml.query
+        q = self.query
         sm = q(N.nvmlDeviceGetClockInfo, h, N.NVML_CLOCK_SM)
         mem = q(N.nvmlDeviceGetClockInfo, h, N.NVML_CLOCK_MEM)
-        bits = q(N.nvmlDeviceGetCurrentClocksEventReasons, h)
-        fields = self.nvml.field_values(h, list(REASON_FIELDS))
+        # The same bit mask under its pre-R535 name: older drivers have only that symbol.
+        bits = self.query_versioned(
+            "nvmlDeviceGetCurrentClocksEventReasons",
+            [
+                lambda: function("nvmlDeviceGetCurrentClocksEventReasons")(h),
+                lambda: function("nvmlDeviceGetCurrentClocksThrottleReasons")(h),
+            ],
+        )
+        fields = self.field_values(h, list(REASON_FIELDS))
         return Clocks(
             sm_hertz=sm * 1e6 if sm is not None else None,
             memory_hertz=mem * 1e6 if mem is not None else None,
@@ -83,11 +97,11 @@ class PowerCollector(GpuCollector):
     name = "power"
 
     def read(self, index: int, h: Any) -> Power:
-        q = self.nvml.query
+        q = self.query
         usage = q(N.nvmlDeviceGetPowerUsage, h)
         limit = q(N.nvmlDeviceGetEnforcedPowerLimit, h)
         energy = q(N.nvmlDeviceGetTotalEnergyConsumption, h)
-        mem_temp = self.nvml.field_values(h, [MEMORY_TEMP]).get(MEMORY_TEMP)
+        mem_temp = self.field_values(h, [MEMORY_TEMP]).get(MEMORY_TEMP)
         return Power(
             usage_watts=usage / 1000 if usage is not None else None,
             limit_watts=limit / 1000 if limit is not None else None,

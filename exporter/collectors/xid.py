@@ -9,7 +9,7 @@ from typing import Any
 
 from exporter.collectors.base import Collector, Context, Output, register
 from exporter.gpu_readings import Xid
-from exporter.nvml import Nvml, NvmlError
+from exporter.nvml import Nvml, NvmlError, decode
 from exporter.nvml import const as N
 
 log = logging.getLogger(__name__)
@@ -36,13 +36,17 @@ class XidCollector(Collector):
         self._event_set: Any = None
         self._register_lock = threading.Lock()
         self._registered = False
+        self._by_uuid: dict[str, int] = {}
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="xid-events", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        """Ends the event thread; returns once it is done (within one event wait)."""
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=WAIT_MS / 1000 + 5.0)
 
     def _register(self) -> bool:
         """Create the event set once; GPUs that take the registration start at zero."""
@@ -63,10 +67,13 @@ class XidCollector(Collector):
                     N.nvmlDeviceRegisterEvents, h, N.nvmlEventTypeXidCriticalError, self._event_set
                 ):
                     continue
+                uuid = self.nvml.query(N.nvmlDeviceGetUUID, h)
             except NvmlError as err:
                 self._count_error(err.name)
                 continue
             with self._lock:
+                if uuid:
+                    self._by_uuid[decode(uuid)] = index
                 self._counts[index] = Counter({x: 0 for x in KNOWN_XIDS})
 
     def _run(self) -> None:
@@ -92,11 +99,37 @@ class XidCollector(Collector):
             return "failed"
         if data is None:
             return "failed"
-        index = self.nvml.index_of(data.device)
-        if index is not None:
+        index = self._index_of(data.device)
+        if index is None:
+            self._count_error("unmapped")
+            log.warning("XID %d from a device no GPU index is known for", data.eventData)
+        else:
             self.record(index, int(data.eventData))
             log.warning("GPU %d reported XID %d", index, data.eventData)
         return "event"
+
+    def _index_of(self, device: Any) -> int | None:
+        """The GPU an event came from. Its handle need not be one handed out by index (an
+        XID inside a GPU instance carries the MIG device's handle): then by the parent's
+        handle, then by UUID."""
+        index = self.nvml.index_of(device)
+        for ask in (self._by_parent, self._by_device_uuid):
+            if index is not None:
+                break
+            try:
+                index = ask(device)
+            except NvmlError:
+                continue
+        return index
+
+    def _by_parent(self, device: Any) -> int | None:
+        parent = self.nvml.query(N.nvmlDeviceGetDeviceHandleFromMigDeviceHandle, device)
+        return None if parent is None else self.nvml.index_of(parent)
+
+    def _by_device_uuid(self, device: Any) -> int | None:
+        uuid = self.nvml.query(N.nvmlDeviceGetUUID, device)
+        with self._lock:
+            return self._by_uuid.get(decode(uuid)) if uuid else None
 
     def refresh(self) -> None:
         """Stepped runs have no event thread: take every waiting event without blocking."""

@@ -202,7 +202,12 @@ def _gpu(state: GpuState, allocators: tuple[AllocFrame, ...]) -> GpuFrame:
         sm_ratio = clocks.sm_hertz / facts.sm_clock_max_hertz
     reasons = None
     if clocks and clocks.event_active is not None:
-        reasons = tuple(sorted(r for r, on in clocks.event_active.items() if on))
+        active = {r for r, on in clocks.event_active.items() if on}
+        # HW slowdown is raised with the power brake (and other external signals) as well
+        # as with heat: while the brake bit is set it explains the slowdown, not heat.
+        if "hw_power_brake" in active:
+            active.discard("hw_slowdown")
+        reasons = tuple(sorted(active))
     links_up = None
     tx_total = rx_total = None
     if nvlink and nvlink.links:

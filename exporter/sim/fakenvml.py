@@ -7,20 +7,44 @@ functions with the same ctypes arguments it passes to the real library, and they
 the same out-parameters and return the same status codes. Everything above pynvml —
 the exporter's NVML layer and collectors — runs unchanged. Values come from the
 scenario timeline; faults (errors, hangs, lost GPUs, XID events) from its fault list.
+How it differs by driver branch and part (missing symbols, refused fields, struct sizes,
+NotSupported functions) comes from the scenario's profile (exporter/sim/drivers.py).
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
+import shutil
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pynvml as N
 
+from exporter.nvml import (
+    FI_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN,
+    FI_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
+    FI_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
+    FI_MEMORY_TEMP,
+    FI_NVLINK_CRC_DATA_ERROR_COUNT,
+    FI_NVLINK_ERROR_DL_CRC,
+    FI_NVLINK_ERROR_DL_RECOVERY,
+    FI_NVLINK_ERROR_DL_REPLAY,
+    FI_NVLINK_GET_STATE,
+    FI_NVLINK_LINK_COUNT,
+    FI_NVLINK_THROUGHPUT_DATA_RX,
+    FI_NVLINK_THROUGHPUT_DATA_TX,
+    FI_PCIE_COUNT_RX_BYTES,
+    FI_PCIE_COUNT_TX_BYTES,
+    FI_PCIE_REPLAY_COUNTER,
+    FI_PERF_POLICY_POWER,
+)
+from exporter.sim.drivers import Profile
 from exporter.sim.scenario import Scenario, Timeline
 
 OK = N.NVML_SUCCESS
@@ -42,11 +66,13 @@ THROTTLE_BITS = {
 }
 # Field id -> (timeline key integrated, scale): counters are integrals of rates.
 THROTTLE_FIELDS = {
-    N.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP: "throttle_power_cap",
-    N.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: "throttle_sw_thermal",
-    N.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: "throttle_hw_thermal",
-    N.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: "throttle_power_brake",
+    FI_PERF_POLICY_POWER: "throttle_power_cap",
+    FI_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: "throttle_sw_thermal",
+    FI_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: "throttle_hw_thermal",
+    FI_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: "throttle_power_brake",
 }
+NVLINK_ERROR_FIELDS = {FI_NVLINK_ERROR_DL_REPLAY, FI_NVLINK_ERROR_DL_RECOVERY, FI_NVLINK_ERROR_DL_CRC}
+GPM_MIN_GAP_S = 0.1  # NVML compares only GPM samples at least 100 ms apart
 GPM_KEYS = {
     N.NVML_GPM_METRIC_SM_UTIL: ("sm_active", 100.0),
     N.NVML_GPM_METRIC_SM_OCCUPANCY: ("sm_occupancy", 100.0),
@@ -91,11 +117,15 @@ class FakeLibrary:
         self.t = timeline
         self.scn: Scenario = timeline.scenario
         self.model = self.scn.gpu_model
+        self.profile: Profile = self.scn.profile
+        self._missing = self.profile.driver.missing
+        self.sysfs = self._write_sysfs()
         self.uuids = [
             f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'{self.scn.name}/{i}')}" for i in range(self.scn.gpu_count)
         ]
         self._gpm_samples: dict[int, tuple[int, float]] = {}  # sample address -> (gpu, time)
         self._next_sample = 0x40_0000
+        self._gpm_live: set[int] = set()
         self._xid_seen: set[tuple[int, float]] = set()
         self._events_for: set[int] = set()
         self._lock = threading.Lock()
@@ -104,19 +134,65 @@ class FakeLibrary:
 
     # ---- plumbing --------------------------------------------------------------------
 
+    def __getattribute__(self, name: str) -> Any:
+        # pynvml looks symbols up with getattr(nvmlLib, name): a symbol this driver branch
+        # does not export must raise AttributeError, which it turns into FunctionNotFound.
+        if name.startswith("nvml") and name in object.__getattribute__(self, "_missing"):
+            raise AttributeError(name)
+        return object.__getattribute__(self, name)
+
+    def _write_sysfs(self) -> str:
+        """The sysfs a host with these GPUs has: each GPU's PCI NUMA node and the CPU list
+        of every node. Two CPU sockets split the GPUs; on Grace each GPU has a Grace CPU
+        node of its own and its memory is a further node with no CPUs."""
+        root = Path(tempfile.mkdtemp(prefix="fakenvml-sysfs-"))
+        count = self.scn.gpu_count
+        cpu_nodes = count if self.profile.part.grace else 2
+        for node in range(cpu_nodes):
+            d = root / "devices/system/node" / f"node{node}"
+            d.mkdir(parents=True)
+            d.joinpath("cpulist").write_text(f"{node * 64}-{node * 64 + 63}\n")
+        if self.profile.part.grace:
+            for gpu in range(count):
+                d = root / "devices/system/node" / f"node{self._gpu_memory_node(gpu)}"
+                d.mkdir(parents=True)
+                d.joinpath("cpulist").write_text("\n")  # memory only
+        for gpu in range(count):
+            d = root / "bus/pci/devices" / self._bus_id(gpu)[4:].lower()
+            d.mkdir(parents=True)
+            d.joinpath("numa_node").write_text(f"{self._cpu_node(gpu)}\n")
+        return str(root)
+
+    def _cpu_node(self, gpu: int) -> int:
+        if self.profile.part.grace:
+            return gpu
+        return 0 if gpu < max(1, self.scn.gpu_count // 2) else 1
+
+    def _gpu_memory_node(self, gpu: int) -> int:
+        return self.scn.gpu_count + gpu
+
+    def _bus_id(self, gpu: int) -> str:
+        return f"00000000:{0x18 + gpu * 0x10:02X}:00.0"
+
+    def close(self) -> None:
+        shutil.rmtree(self.sysfs, ignore_errors=True)
+
     def _build_table(self) -> None:
-        for name in dir(self):
-            if name.startswith("nvml"):
+        for name in dir(type(self)):
+            if name.startswith("nvml") and name not in self._missing:
                 setattr(self, name, self._wrap(name, getattr(self, name)))
 
     def _wrap(self, name: str, fn: Callable[..., int]) -> Callable[..., Any]:
         def call(*args: Any) -> Any:
             self.calls += 1
             now = self.t.now()
-            if name in ("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetCount_v2"):
+            takes_handle = bool(args) and name.startswith("nvmlDevice") and name not in BY_INDEX
+            if name in BY_INDEX:
                 gpu = _val(args[0]) if name.endswith("Index_v2") else None
             else:
-                gpu = self._gpu_of(args[0]) if args and name.startswith("nvmlDevice") else None
+                gpu = self._gpu_of(args[0]) if takes_handle else None
+            if takes_handle and gpu == -1:
+                return N.NVML_ERROR_INVALID_ARGUMENT  # not a handle this library handed out
             for f in self.t.faults("hang", now):
                 if _matches(f.function, name) and (f.gpu is None or f.gpu == gpu):
                     time.sleep(f.seconds)
@@ -127,6 +203,17 @@ class FakeLibrary:
             for f in self.t.faults("error", now):
                 if _matches(f.function, name) and (f.gpu is None or f.gpu == gpu):
                     return ERROR_CODES.get(f.error, ERROR_CODES["Unknown"])
+            if any(_matches(f, name) for f in self.profile.part.not_supported):
+                return NOT_SUPPORTED
+            if (
+                not self.profile.mig_monitor
+                and takes_handle
+                and gpu is not None
+                and _address(args[0]) < MIG_HANDLE_BASE
+                and self._mig_on(gpu)
+                and any(_matches(f, name) for f in MIG_MONITOR_FUNCTIONS)
+            ):
+                return N.NVML_ERROR_NO_PERMISSION
             return fn(*args)
 
         if name == "nvmlErrorString":
@@ -160,11 +247,11 @@ class FakeLibrary:
         return b"Unknown Error"
 
     def nvmlSystemGetDriverVersion(self, buf: Any, size: Any) -> int:
-        buf.value = b"560.35.03"
+        buf.value = self.profile.driver.version.encode()
         return OK
 
     def nvmlSystemGetCudaDriverVersion(self, ref: Any) -> int:
-        _out(ref).value = 12060
+        _out(ref).value = self.profile.driver.cuda
         return OK
 
     def nvmlSystemGetCudaDriverVersion_v2(self, ref: Any) -> int:
@@ -199,20 +286,23 @@ class FakeLibrary:
     def nvmlDeviceGetPciInfo_v3(self, h: Any, ref: Any) -> int:
         gpu = self._gpu_of(h)
         info = _out(ref)
-        info.busId = f"00000000:{0x18 + gpu * 0x10:02X}:00.0".encode()
+        info.busId = self._bus_id(gpu).encode()
         info.busIdLegacy = info.busId[4:]
         info.bus = 0x18 + gpu * 0x10
         info.pciDeviceId = 0x233010DE
         return OK
 
     def nvmlDeviceGetNumaNodeId(self, h: Any, ref: Any) -> int:
-        _out(ref).value = 0 if self._gpu_of(h) < max(1, self.scn.gpu_count // 2) else 1
+        g = self._gpu_of(h)
+        # On Grace the node of the GPU's own memory, which has no CPUs.
+        _out(ref).value = self._gpu_memory_node(g) if self.profile.part.grace else self._cpu_node(g)
         return OK
 
+    def _mig_on(self, gpu: int) -> bool:
+        return self.scn.mig is not None and gpu in self.scn.mig.gpus
+
     def nvmlDeviceGetMigMode(self, h: Any, cur: Any, pending: Any) -> int:
-        if not self.model.gpm and self.model.nvlinks == 0:
-            return NOT_SUPPORTED  # no MIG on this model (L4)
-        on = int(self.scn.mig is not None and self._gpu_of(h) in self.scn.mig.gpus)
+        on = int(self._mig_on(self._gpu_of(h)))
         _out(cur).value = on
         _out(pending).value = on
         return OK
@@ -297,7 +387,14 @@ class FakeLibrary:
         _out(ref).value = int(hz / 1e6)
         return OK
 
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: Any, ref: Any) -> int:
+        """The same mask under its pre-R535 name, exported by every branch."""
+        return self._clock_reasons(h, ref)
+
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: Any, ref: Any) -> int:
+        return self._clock_reasons(h, ref)
+
+    def _clock_reasons(self, h: Any, ref: Any) -> int:
         g = self._gpu_of(h)
         bits = 0
         for key, bit in THROTTLE_BITS.items():
@@ -332,7 +429,16 @@ class FakeLibrary:
         values = _out(ref)
         for i in range(_val(count)):
             fv = values[i]
-            value = self._field(g, fv.fieldId, fv.scopeId)
+            # nvml.h nvmlFieldValue_t.nvmlReturn: each field fails on its own and the call
+            # still succeeds. An id newer than the driver is refused like an unknown one.
+            if fv.fieldId in self.profile.driver.unknown_fields:
+                fv.nvmlReturn = N.NVML_ERROR_INVALID_ARGUMENT
+                continue
+            value = (
+                None
+                if fv.fieldId in self.profile.part.fields_not_supported
+                else self._field(g, fv.fieldId, fv.scopeId)
+            )
             if value is None:
                 fv.nvmlReturn = NOT_SUPPORTED
                 continue
@@ -344,22 +450,37 @@ class FakeLibrary:
 
     def _field(self, g: int, fid: int, scope: int) -> float | None:
         t = self.t
-        if fid == N.NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
+        links = self.model.nvlinks
+        if fid == FI_PCIE_COUNT_TX_BYTES:
             return t.gpu_integral(g, "pcie_tx_bps")
-        if fid == N.NVML_FI_DEV_PCIE_COUNT_RX_BYTES:
+        if fid == FI_PCIE_COUNT_RX_BYTES:
             return t.gpu_integral(g, "pcie_rx_bps")
-        if fid == N.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
+        if fid == FI_PCIE_REPLAY_COUNTER:
             return t.gpu_integral(g, "pcie_replay_rate")
-        if fid == N.NVML_FI_DEV_MEMORY_TEMP:
+        if fid == FI_MEMORY_TEMP:
             return self.v(g, "mem_temp_c")
         if fid in THROTTLE_FIELDS:  # nanoseconds held down
             return t.gpu_integral(g, THROTTLE_FIELDS[fid]) * 1e9
-        if fid in (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX):
-            if scope >= self.model.nvlinks:
+        if fid == FI_NVLINK_LINK_COUNT:
+            return links if links else None  # PCIe-only parts refuse the field
+        if fid in (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX):
+            if scope >= links:
                 return None
-            key = "nvlink_tx_bps" if fid == N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX else "nvlink_rx_bps"
-            return t.gpu_integral(g, key) / self.model.nvlinks / 1024  # KiB
+            key = "nvlink_tx_bps" if fid == FI_NVLINK_THROUGHPUT_DATA_TX else "nvlink_rx_bps"
+            return t.gpu_integral(g, key) / links / 1024  # KiB
+        if fid == FI_NVLINK_GET_STATE:
+            return 1 if scope < links else None
+        if fid in NVLINK_ERROR_FIELDS:
+            if scope >= links:
+                return None
+            return self._nvlink_errors(g) if fid == FI_NVLINK_ERROR_DL_CRC else 0
+        if fid in FI_NVLINK_CRC_DATA_ERROR_COUNT:  # the link is in the id
+            return 0 if FI_NVLINK_CRC_DATA_ERROR_COUNT.index(fid) < links else None
         return None
+
+    def _nvlink_errors(self, g: int) -> int:
+        """Flit CRC errors of one link: the scenario's rate spread over the links."""
+        return int(self.t.gpu_integral(g, "nvlink_error_rate") / max(1, self.model.nvlinks))
 
     # ---- GPM -------------------------------------------------------------------------------
 
@@ -370,17 +491,31 @@ class FakeLibrary:
     def nvmlGpmSampleAlloc(self, ref: Any) -> int:
         with self._lock:
             self._next_sample += 1
+            self._gpm_live.add(self._next_sample)
             _set_pointer(ref, self._next_sample)
         return OK
 
     def nvmlGpmSampleFree(self, sample: Any) -> int:
-        self._gpm_samples.pop(_address(sample), None)
+        with self._lock:
+            if _address(sample) not in self._gpm_live:
+                return N.NVML_ERROR_INVALID_ARGUMENT
+            self._gpm_live.discard(_address(sample))
+            self._gpm_samples.pop(_address(sample), None)
         return OK
+
+    @property
+    def gpm_samples_allocated(self) -> int:
+        """Sample buffers allocated and not yet freed."""
+        with self._lock:
+            return len(self._gpm_live)
 
     def nvmlGpmSampleGet(self, h: Any, sample: Any) -> int:
         if not self.model.gpm:
             return NOT_SUPPORTED
-        self._gpm_samples[_address(sample)] = (self._gpu_of(h), self.t.now())
+        with self._lock:
+            if _address(sample) not in self._gpm_live:
+                return N.NVML_ERROR_INVALID_ARGUMENT  # never allocated, or freed
+            self._gpm_samples[_address(sample)] = (self._gpu_of(h), self.t.now())
         return OK
 
     def nvmlGpmMetricsGet(self, ref: Any) -> int:
@@ -390,6 +525,8 @@ class FakeLibrary:
         if first is None or second is None:
             return N.NVML_ERROR_INVALID_ARGUMENT
         g, now = second
+        if now - first[1] < GPM_MIN_GAP_S:  # NVML refuses to compare samples this close
+            return N.NVML_ERROR_INVALID_ARGUMENT
         for i in range(mg.numMetrics):
             m = mg.metrics[i]
             spec = GPM_KEYS.get(m.metricId)
@@ -411,8 +548,10 @@ class FakeLibrary:
 
     def nvmlDeviceGetNvLinkErrorCounter(self, h: Any, link: Any, counter: Any, ref: Any) -> int:
         g = self._gpu_of(h)
+        if _val(link) >= self.model.nvlinks:
+            return NOT_SUPPORTED if self.model.nvlinks == 0 else N.NVML_ERROR_INVALID_ARGUMENT
         if _val(counter) == N.NVML_NVLINK_ERROR_DL_CRC_FLIT:
-            _out(ref).value = int(self.t.gpu_integral(g, "nvlink_error_rate") / max(1, self.model.nvlinks))
+            _out(ref).value = self._nvlink_errors(g)
         else:
             _out(ref).value = 0
         return OK
@@ -425,8 +564,6 @@ class FakeLibrary:
         return OK
 
     def nvmlDeviceGetRemappedRows(self, h: Any, corr: Any, unc: Any, pending: Any, failed: Any) -> int:
-        if not self.model.gpm and self.model.nvlinks == 0:
-            return NOT_SUPPORTED
         g = self._gpu_of(h)
         uncorrected = int(self.t.gpu_integral(g, "ecc_uncorrected_rate"))
         _out(corr).value = 0
@@ -458,7 +595,10 @@ class FakeLibrary:
                 if key not in self._xid_seen and (f.gpu or 0) in self._events_for:
                     self._xid_seen.add(key)
                     data = _out(ref)
-                    data.device = ctypes.cast(ctypes.c_void_p(HANDLE_BASE + (f.gpu or 0)), N.c_nvmlDevice_t)
+                    gpu = f.gpu or 0
+                    # An XID inside a GPU instance carries that MIG device's handle.
+                    address = MIG_HANDLE_BASE + gpu * 16 if self._mig_on(gpu) else HANDLE_BASE + gpu
+                    data.device = ctypes.cast(ctypes.c_void_p(address), N.c_nvmlDevice_t)
                     data.eventType = N.nvmlEventTypeXidCriticalError
                     data.eventData = f.xid
                     return OK
@@ -475,17 +615,33 @@ class FakeLibrary:
         _, _, used = self._memory(g)
         return [(pid, used // len(procs)) for pid in procs]
 
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, h: Any, count: Any, arr: Any) -> int:
+        return self._write_processes(h, count, arr, 24)
+
     def nvmlDeviceGetComputeRunningProcesses_v3(self, h: Any, count: Any, arr: Any) -> int:
+        return self._write_processes(h, count, arr, self.profile.driver.process_v3_record)
+
+    def _write_processes(self, h: Any, count: Any, arr: Any, record: int) -> int:
+        """Records of `record` bytes whatever the caller's array type, as the driver does:
+        nvmlProcessInfo_v2_t is 24 bytes (pid, pad, usedGpuMemory, gpuInstanceId,
+        computeInstanceId); R535's _v3 appends usedGpuCcProtectedMemory (32 bytes)."""
         procs = self._processes(self._gpu_of(h))
         n = _out(count)
         if arr is None:
             n.value = len(procs)
             return N.NVML_ERROR_INSUFFICIENT_SIZE if procs else OK
-        for i, (pid, mem) in enumerate(procs[: n.value]):
-            arr[i].pid = pid
-            arr[i].usedGpuMemory = mem
-            arr[i].gpuInstanceId = 0xFFFFFFFF
-            arr[i].computeInstanceId = 0xFFFFFFFF
+        if n.value < len(procs):
+            n.value = len(procs)
+            return N.NVML_ERROR_INSUFFICIENT_SIZE
+        base = ctypes.addressof(arr)
+        for i, (pid, mem) in enumerate(procs):
+            at = base + i * record
+            ctypes.c_uint.from_address(at).value = pid
+            ctypes.c_ulonglong.from_address(at + 8).value = mem
+            ctypes.c_uint.from_address(at + 16).value = 0xFFFFFFFF
+            ctypes.c_uint.from_address(at + 20).value = 0xFFFFFFFF
+            if record >= 32:
+                ctypes.c_ulonglong.from_address(at + 24).value = 0
         n.value = len(procs)
         return OK
 
@@ -527,15 +683,34 @@ class FakeLibrary:
         _out(ref).value = 0
         return OK
 
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, h: Any, ref: Any) -> int:
+        addr = _address(h)
+        if addr < MIG_HANDLE_BASE:
+            return N.NVML_ERROR_INVALID_ARGUMENT  # not a MIG device
+        _set_pointer(ref, HANDLE_BASE + (addr - MIG_HANDLE_BASE) // 16)
+        return OK
+
     def nvmlDeviceGetAttributes_v2(self, h: Any, ref: Any) -> int:
         g, slot = self._mig_slot(h)
         _out(ref).multiprocessorCount = self._mig_instances(g)[slot][2]
         return OK
 
 
+BY_INDEX = ("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetCount_v2")
+# What a MIG parent refuses a container that was given MIG devices without the monitor
+# capability (NVIDIA_MIG_MONITOR_DEVICES unset): memory and processes of the whole GPU.
+MIG_MONITOR_FUNCTIONS = ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses")
+
+
 def _matches(function: str | None, symbol: str) -> bool:
     """A fault on `nvmlDeviceGetMemoryInfo` also hits its `_v2` symbol."""
     return function is not None and (symbol == function or symbol.startswith(function + "_v"))
+
+
+def installed() -> FakeLibrary:
+    """The fake library pynvml is using now."""
+    assert isinstance(N.nvmlLib, FakeLibrary), "the fake NVML library is not installed"
+    return N.nvmlLib
 
 
 def install(timeline: Timeline) -> FakeLibrary:
@@ -549,5 +724,7 @@ def install(timeline: Timeline) -> FakeLibrary:
 
 def uninstall() -> None:
     with N.libLoadLock:
+        if isinstance(N.nvmlLib, FakeLibrary):
+            N.nvmlLib.close()
         N.nvmlLib = None
         N._nvmlGetFunctionPointer_cache.clear()

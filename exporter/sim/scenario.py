@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from exporter.sim.drivers import DRIVERS, Profile, profile
+
 
 class ScenarioError(ValueError):
     """A scenario file that does not follow the schema; the message names the key."""
@@ -47,6 +49,9 @@ MODELS: dict[str, GpuModel] = {
         "NVIDIA A100-SXM4-80GB", 80 * GIB, 400.0, 1410e6, 1593e6, 12, False, 4, 16, 108
     ),
     "L4": GpuModel("NVIDIA L4", 24 * GIB, 72.0, 2040e6, 6251e6, 0, False, 4, 16, 58),
+    "L40S": GpuModel("NVIDIA L40S", 48 * GIB, 350.0, 2520e6, 9001e6, 0, False, 4, 16, 142),
+    "GH200-96GB": GpuModel("NVIDIA GH200 480GB", 96 * GIB, 900.0, 1980e6, 2619e6, 18, True, 5),
+    "RTX-4090": GpuModel("NVIDIA GeForce RTX 4090", 24 * GIB, 450.0, 3105e6, 10501e6, 0, False, 4, 16, 128),
 }
 
 # Per-GPU quantities a phase may set (rates are per second, ratios 0-1).
@@ -162,6 +167,7 @@ class Scenario:
     engines: tuple[EngineSpec, ...] = ()
     mig: MigSpec | None = None
     expect_findings: tuple[str, ...] = ()
+    profile: Profile = field(default_factory=Profile)  # driver branch and part quirks
 
     @property
     def duration(self) -> float:
@@ -300,6 +306,12 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
     model_name = gpus.get("model", "H100-80GB-SXM")
     if model_name not in MODELS:
         raise fail("gpus.model", f"one of {', '.join(MODELS)}")
+    driver = gpus.get("driver")
+    if driver is not None and driver not in DRIVERS:
+        raise fail("gpus.driver", f"one of {', '.join(DRIVERS)}")
+    mig_monitor = gpus.get("mig_monitor", True)
+    if not isinstance(mig_monitor, bool):
+        raise fail("gpus.mig_monitor", "true or false")
     phases = tuple(_phase(p, i, fail, count) for i, p in enumerate(_list(data, "phases", fail)))
     if not phases:
         raise fail("phases", "a non-empty list")
@@ -332,6 +344,7 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
         engines=engines,
         mig=mig,
         expect_findings=tuple(findings),
+        profile=profile(model_name, driver, mig_monitor),
     )
 
 

@@ -105,7 +105,7 @@ faults:
 
 
 @pytest.mark.parametrize("error", ["Unknown", "Timeout", "NoPermission"])
-def test_failing_call_marks_only_that_gpu(sim, error: str) -> None:  # type: ignore[no-untyped-def]
+def test_one_failing_function_takes_only_its_values(sim, error: str) -> None:  # type: ignore[no-untyped-def]
     s = sim(
         H100
         + f"""
@@ -114,11 +114,34 @@ faults:
 """
     )
     snap = s.at(5)
-    assert not snap.gpu(0).up and snap.gpu(1).up
+    g = snap.gpu(0)
+    assert g.up and snap.gpu(1).up  # a function failing is not the GPU failing
+    assert g.get(Power).usage_watts is None  # its own value is absent ...
+    assert g.get(Power).energy_joules is not None and g.get(Power).gpu_celsius is not None  # ... only its own
+    assert g.get(Memory) is not None and g.get(Clocks) is not None and g.supported["power"] is True
     status = {c.collector: c for c in snap.collectors}
     assert status["power"].success == 0 and status["power"].errors == {error: 1}
     assert status["memory"].success == 1
-    assert s.at(60).gpu(0).up
+    text = s.text()
+    assert f'llmgpu_exporter_collector_errors_total{{collector="power",error="{error}"}} 1.0' in text
+    assert 'llmgpu_gpu_energy_joules_total{gpu="0"' in text
+    assert 'llmgpu_gpu_power_watts{gpu="0"' not in text and 'llmgpu_gpu_power_watts{gpu="1"' in text
+    assert s.at(60).gpu(0).get(Power).usage_watts is not None
+
+
+def test_mig_parent_without_monitor_permission_stays_up(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(
+        H100
+        + """
+faults:
+  - {kind: error, function: nvmlDeviceGetMemoryInfo, error: NoPermission, at: 0}
+"""
+    )
+    g = s.at(5).gpu(0)
+    assert g.up
+    assert g.get(Memory).used_bytes is None and g.get(Memory).bar1_total_bytes is not None
+    assert g.get(Power) is not None and g.get(Utilization) is not None
+    assert 'llmgpu_gpu_up{gpu="0",uuid="' in s.text() and "llmgpu_gpu_memory_used_bytes" not in s.text()
 
 
 def test_not_supported_and_function_not_found_are_absent(sim) -> None:  # type: ignore[no-untyped-def]

@@ -65,3 +65,55 @@ def test_crashing_collector_is_counted_and_isolated() -> None:
     text = runner.published.text.decode()
     assert 'llmgpu_exporter_collector_success{collector="broken"} 0.0' in text
     assert 'llmgpu_gpu_utilization_ratio{gpu="0",uuid=""} 0.25' in text
+
+
+class TwoGpuPower(Collector):
+    name = "power"
+    interval_s = 0.05
+
+    def collect(self) -> Output:
+        return Output(gpus={i: (Power(usage_watts=300.0, energy_joules=1000.0 + i),) for i in (0, 1)})
+
+
+def test_a_stalled_collector_keeps_its_counters_not_its_gauges() -> None:
+    # A run hung on one GPU leaves the whole collector's output ageing: counters must not
+    # vanish on every GPU meanwhile (nor for the scrapes until the hung call returns).
+    runner = Runner([TwoGpuPower()], interval=0.05, gpu_count=2)
+    slot = runner._slots[0]
+    runner.run_collector(slot)
+    slot.completed_at = time.monotonic() - 30  # last completed run 30 s ago
+    snap = runner.publish().snapshot
+    for index in (0, 1):
+        power = snap.gpu(index).get(Power)
+        assert power is not None and power.energy_joules == 1000.0 + index
+        assert power.usage_watts is None  # a 30 s old gauge is not shown
+        assert snap.gpu(index).up
+    text = runner.published.text.decode()
+    assert 'llmgpu_gpu_energy_joules_total{gpu="1",uuid=""} 1001.0' in text
+    assert "llmgpu_gpu_power_watts" not in text
+
+
+def test_close_ends_every_nvml_thread_before_nvml_shutdown(sim) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    from exporter.sim import fakenvml
+
+    s = sim(HANG.replace("seconds: 3", "seconds: 0.3"), interval=0.05)
+    s.clock.t = 1
+    lib = fakenvml.installed()
+    alive_at_shutdown: list[str] = []
+    shutdown = lib.nvmlShutdown
+
+    def record() -> int:
+        alive_at_shutdown.extend(
+            t.name
+            for t in threading.enumerate()
+            if t.name.startswith(("collector-", "xid-events", "publisher"))
+        )
+        return shutdown()
+
+    lib.nvmlShutdown = record
+    s.runner.start()
+    time.sleep(0.3)  # the power collector is inside a hung call now
+    s.exporter.close()
+    assert alive_at_shutdown == []

@@ -1,0 +1,188 @@
+"""Collectors against driver and part profiles of the fake NVML: each test names the quirk."""
+
+from __future__ import annotations
+
+import pynvml
+import pytest
+
+from exporter.gpu_readings import Clocks, Memory, NvLink, Pcie, Processes, Profiling, Xid
+from exporter.sim import fakenvml
+from exporter.sim.scenario import SIM_PID_BASE
+
+
+def scenario(model: str = "H100-80GB-SXM", driver: str | None = None, count: int = 2, extra: str = "") -> str:
+    drv = f", driver: {driver}" if driver else ""
+    return f"""
+gpus: {{count: {count}, model: {model}{drv}}}
+engines: [{{name: a, gpus: [0, 1]}}, {{name: b, gpus: [0]}}, {{name: c, gpus: [0]}}]
+phases:
+  - {{name: p, duration: 100, gpu: {{util: 0.8, memory_used_ratio: 0.6, sm_active: 0.5,
+      throttle_hw_thermal: 1, nvlink_tx_bps: 1.8e+10, pcie_tx_bps: 1.0e+9}}}}
+{extra}"""
+
+
+@pytest.mark.parametrize("driver", ["R470", "R535", "R550", "R580"])
+def test_processes_are_read_right_on_every_branch(sim, driver: str) -> None:  # type: ignore[no-untyped-def]
+    # R535 writes 32-byte _v3 records (the binding reads 24); R470 has no _v3 symbol
+    # (the binding's unversioned wrapper raises NVMLLibraryMismatchError).
+    s = sim(scenario(driver=driver))
+    procs = s.at(5).gpu(0).get(Processes)
+    assert procs is not None and procs.count == 3
+    pids = sorted(p.pid for p in procs.items)
+    assert pids == [SIM_PID_BASE, SIM_PID_BASE + 100, SIM_PID_BASE + 200]
+    used = {p.used_bytes for p in procs.items}
+    assert len(used) == 1 and next(iter(used)) > 10 * 1024**3  # an equal share each, none garbled
+
+
+def test_clock_reasons_fall_back_to_the_throttle_name_on_old_drivers(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(scenario(driver="R470"))
+    clocks = s.at(5).gpu(0).get(Clocks)
+    assert clocks is not None and clocks.event_active is not None
+    assert clocks.event_active["hw_thermal"] == 1 and clocks.event_active["sw_power_cap"] == 0
+    # R470 knows only the SW power cap duration field: the newer ones are absent, not zero
+    assert clocks.event_seconds is not None and set(clocks.event_seconds) == {"sw_power_cap"}
+
+
+def test_fields_newer_than_the_driver_are_absent(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(scenario(driver="R535"))
+    g = s.at(5).gpu(0)
+    pcie = g.get(Pcie)
+    assert pcie is not None and pcie.tx_bytes is None and pcie.replays is not None
+    assert g.up and "llmgpu_gpu_pcie_tx_bytes_total" not in s.text()
+    assert g.facts is not None and g.facts.get("driver_version").startswith("535.")
+
+
+def test_grace_numa_node_is_the_pci_node_with_cpus(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(
+        scenario(model="GH200-96GB", count=4).replace("engines: [{name: a, gpus: [0, 1]}, ", "engines: [")
+    )
+    snap = s.at(5)
+    for i in range(4):
+        # nvmlDeviceGetNumaNodeId answers 4 + i (the GPU's memory, no CPUs); the PCI node is i
+        assert snap.gpu(i).facts.get("numa_node") == str(i)
+
+
+def test_numa_node_on_r535_comes_from_sysfs(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(scenario(driver="R535", count=4).replace("engines: [{name: a, gpus: [0, 1]}, ", "engines: ["))
+    snap = s.at(5)
+    assert [snap.gpu(i).facts.get("numa_node") for i in range(4)] == ["0", "0", "1", "1"]
+
+
+def test_gpm_samples_are_freed_and_never_closer_than_100ms(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(scenario())
+    lib = fakenvml.installed()
+    s.at(1)
+    first = s.at(2).gpu(0).get(Profiling)
+    assert first is not None and first.sm_active_ratio == pytest.approx(0.5, rel=0.03)
+    again = s.at(2.05).gpu(0).get(Profiling)  # 50 ms later: kept, not refused
+    assert again == first
+    status = {c.collector: c for c in s.runner.compose().collectors}
+    assert status["gpm"].errors is None
+    assert lib.gpm_samples_allocated == 4  # two per GPU
+    s.exporter.runner.stop()
+    assert lib.gpm_samples_allocated == 0
+
+
+def test_gpm_state_is_freed_when_a_gpu_is_lost(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(scenario(extra="faults: [{kind: lost, gpu: 1, at: 10, until: 20}]"))
+    lib = fakenvml.installed()
+    s.at(5)
+    assert lib.gpm_samples_allocated == 4
+    s.at(12)
+    assert lib.gpm_samples_allocated == 2
+    s.at(25)
+    s.at(26)
+    assert lib.gpm_samples_allocated == 4 and s.at(27).gpu(1).get(Profiling) is not None
+
+
+def test_gpm_sample_alloc_failing_fails_only_that_gpu(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(
+        scenario(
+            extra="faults: [{kind: error, function: nvmlGpmSampleAlloc, error: Memory, at: 0, until: 3}]"
+        )
+    )
+    s.at(1)
+    s.at(2)
+    snap = s.at(5)
+    assert snap.gpu(0).up and snap.gpu(1).up
+    status = {c.collector: c for c in snap.collectors}
+    assert set(status["gpm"].errors) == {"Memory"}  # counted by NVML error name, no crash
+    s.at(6)
+    assert s.at(7).gpu(0).get(Profiling) is not None  # allocated once the fault ended
+
+
+def test_xid_inside_a_gpu_instance_is_counted_on_its_gpu(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim("""
+        gpus: {count: 2, model: A100-80GB-SXM}
+        mig: {gpus: [1], instances: [{profile: 3g.40gb, memory_ratio: 0.5, sms: 42}]}
+        phases: [{name: p, duration: 100}]
+        faults: [{kind: xid, gpu: 1, xid: 43, at: 1, until: 100}]
+    """)
+    s.at(0)
+    snap = s.at(2)
+    assert snap.gpu(1).get(Xid).counts[43] == 1
+    assert snap.gpu(0).get(Xid).counts[43] == 0
+
+
+def test_an_event_no_gpu_is_known_for_is_counted(sim) -> None:  # type: ignore[no-untyped-def]
+    from exporter.collectors.xid import XidCollector
+
+    s = sim(scenario())
+    xid = next(c for c in s.runner._slots if isinstance(c.collector, XidCollector)).collector
+    xid.refresh()
+    stranger = pynvml.c_nvmlDevice_t()
+    assert xid._index_of(stranger) is None
+    data = type("Data", (), {"device": stranger, "eventData": 13})()
+    xid.nvml.query = lambda fn, *a: (
+        data if fn is pynvml.nvmlEventSetWait_v2 else type(xid.nvml).query(xid.nvml, fn, *a)
+    )  # type: ignore[method-assign]
+    assert xid._take(0) == "event"
+    assert xid.collect().errors == {"unmapped": 1}
+
+
+def test_nvlink_reads_one_field_call_per_gpu(sim) -> None:  # type: ignore[no-untyped-def]
+    from exporter.collectors.interconnect import NvLinkCollector
+
+    s = sim(scenario())
+    lib = fakenvml.installed()
+    slot = next(sl for sl in s.runner._slots if isinstance(sl.collector, NvLinkCollector))
+    before = lib.calls
+    s.runner.run_collector(slot)  # the first run is a slow one: state and error counters too
+    # per GPU: its handle, the link-count field, one field-values call for all 18 links, and
+    # data CRC of links 12-17 (no field id past link 11); it was 5 calls per link (90)
+    assert lib.calls - before == 2 * (3 + 6)
+    links = s.at(3).gpu(0).get(NvLink).links
+    assert len(links) == 18 and all(p.up == 1 for p in links)
+    assert set(links[0].errors) == {"replay", "recovery", "crc_flit", "crc_data"}
+    assert set(links[17].errors) == {"replay", "recovery", "crc_flit", "crc_data"}
+
+
+def test_mig_profile_without_monitor_permission(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim("""
+        gpus: {count: 2, model: A100-80GB-SXM, mig_monitor: false}
+        mig: {gpus: [1], instances: [{profile: 3g.40gb, memory_ratio: 0.5, sms: 42}]}
+        phases: [{name: p, duration: 100, gpu: {memory_used_ratio: 0.3}}]
+    """)
+    snap = s.at(5)
+    assert snap.gpu(1).up and snap.gpu(0).up
+    assert snap.gpu(1).get(Memory).used_bytes is None and snap.gpu(0).get(Memory).used_bytes is not None
+    status = {c.collector: c for c in snap.collectors}
+    assert status["memory"].errors == {"NoPermission": 1}
+
+
+def test_power_brake_slowdown_is_not_thermal_throttling(sim) -> None:  # type: ignore[no-untyped-def]
+    from exporter.diagnosis.frame import frame_of
+
+    s = sim("""
+        gpus: {count: 1, model: H100-80GB-SXM, driver: R470}
+        phases: [{name: p, duration: 100, gpu: {util: 0.9, sm_clock_ratio: 0.4,
+                  throttle_hw_slowdown: 1, throttle_power_brake: 1}}]
+    """)
+    g = frame_of(s.at(5)).gpus[0]
+    assert g.throttle_reasons is not None and "hw_power_brake" in g.throttle_reasons
+    assert "hw_slowdown" not in g.throttle_reasons  # explained by the brake, not by heat
+    s2 = sim("""
+        gpus: {count: 1, model: H100-80GB-SXM}
+        phases: [{name: p, duration: 100, gpu: {util: 0.9, throttle_hw_slowdown: 1}}]
+    """)
+    assert "hw_slowdown" in frame_of(s2.at(5)).gpus[0].throttle_reasons
