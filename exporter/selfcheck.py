@@ -29,7 +29,18 @@ from exporter import __version__, smi
 from exporter.config import Settings, replace
 from exporter.gpu_readings import DeviceFacts, Profiling
 from exporter.metricdef import has_value
-from exporter.nvml import Nvml, NvmlError, NvmlUnavailable, decode
+from exporter.nvml import (
+    FI_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
+    FI_MEMORY_TEMP,
+    FI_PCIE_COUNT_RX_BYTES,
+    FI_PCIE_COUNT_TX_BYTES,
+    FI_PCIE_REPLAY_COUNTER,
+    FI_PERF_POLICY_POWER,
+    Nvml,
+    NvmlError,
+    NvmlUnavailable,
+    decode,
+)
 from exporter.nvml import const as N
 from exporter.smi_compare import RULES, Check, compare
 from exporter.snapshot import Snapshot
@@ -41,12 +52,12 @@ MIB = smi.MIB
 
 # Field values the exporter reads (PCIe counters, HBM temperature, throttle durations).
 FIELD_IDS = {
-    N.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: "PCIE_COUNT_TX_BYTES",
-    N.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: "PCIE_COUNT_RX_BYTES",
-    N.NVML_FI_DEV_PCIE_REPLAY_COUNTER: "PCIE_REPLAY_COUNTER",
-    N.NVML_FI_DEV_MEMORY_TEMP: "MEMORY_TEMP",
-    N.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP: "CLOCKS_EVENT_REASON_SW_POWER_CAP",
-    N.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: "CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN",
+    FI_PCIE_COUNT_TX_BYTES: "PCIE_COUNT_TX_BYTES",
+    FI_PCIE_COUNT_RX_BYTES: "PCIE_COUNT_RX_BYTES",
+    FI_PCIE_REPLAY_COUNTER: "PCIE_REPLAY_COUNTER",
+    FI_MEMORY_TEMP: "MEMORY_TEMP",
+    FI_PERF_POLICY_POWER: "CLOCKS_EVENT_REASON_SW_POWER_CAP",
+    FI_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: "CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN",
 }
 GPM_ARCHITECTURES = ("Hopper", "Blackwell")
 

@@ -14,7 +14,6 @@ NotSupported functions) comes from the scenario's profile (exporter/sim/drivers.
 from __future__ import annotations
 
 import ctypes
-import math
 import shutil
 import tempfile
 import threading
@@ -45,17 +44,22 @@ from exporter.nvml import (
     FI_PERF_POLICY_POWER,
 )
 from exporter.sim.drivers import Profile
+from exporter.sim.fake_gpm import GpmSamples, _noise
+from exporter.sim.fake_handles import (
+    ERROR_CODES,
+    EVENT_SET,
+    HANDLE_BASE,
+    MIB,
+    MIG_HANDLE_BASE,
+    NOT_SUPPORTED,
+    OK,
+    _address,
+    _out,
+    _set_pointer,
+    _val,
+)
+from exporter.sim.fake_mig import ProcessesAndMig
 from exporter.sim.scenario import Scenario, Timeline
-
-OK = N.NVML_SUCCESS
-NOT_SUPPORTED = N.NVML_ERROR_NOT_SUPPORTED
-ERROR_CODES = {
-    cls.__name__.removeprefix("NVMLError_"): code for code, cls in N.NVMLError._valClassMapping.items()
-}
-HANDLE_BASE = 0x10_0000  # handles are opaque addresses nothing dereferences
-MIG_HANDLE_BASE = 0x20_0000
-EVENT_SET = 0x30_0000
-MIB = 1024 * 1024
 
 THROTTLE_BITS = {
     "throttle_power_cap": N.nvmlClocksEventReasonSwPowerCap,
@@ -72,45 +76,9 @@ THROTTLE_FIELDS = {
     FI_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: "throttle_power_brake",
 }
 NVLINK_ERROR_FIELDS = {FI_NVLINK_ERROR_DL_REPLAY, FI_NVLINK_ERROR_DL_RECOVERY, FI_NVLINK_ERROR_DL_CRC}
-GPM_MIN_GAP_S = 0.1  # NVML compares only GPM samples at least 100 ms apart
-GPM_KEYS = {
-    N.NVML_GPM_METRIC_SM_UTIL: ("sm_active", 100.0),
-    N.NVML_GPM_METRIC_SM_OCCUPANCY: ("sm_occupancy", 100.0),
-    N.NVML_GPM_METRIC_ANY_TENSOR_UTIL: ("tensor_active", 100.0),
-    N.NVML_GPM_METRIC_DRAM_BW_UTIL: ("dram_active", 100.0),
-    N.NVML_GPM_METRIC_FP16_UTIL: ("fp16_active", 100.0),
-    N.NVML_GPM_METRIC_FP32_UTIL: ("fp32_active", 100.0),
-    N.NVML_GPM_METRIC_FP64_UTIL: ("fp64_active", 100.0),
-    N.NVML_GPM_METRIC_PCIE_TX_PER_SEC: ("pcie_tx_bps", 1 / MIB),
-    N.NVML_GPM_METRIC_PCIE_RX_PER_SEC: ("pcie_rx_bps", 1 / MIB),
-    N.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: ("nvlink_tx_bps", 1 / MIB),
-    N.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: ("nvlink_rx_bps", 1 / MIB),
-}
 
 
-def _val(x: Any) -> Any:
-    return x.value if hasattr(x, "value") else x
-
-
-def _out(ref: Any) -> Any:
-    """The ctypes object behind a byref() argument."""
-    return ref._obj
-
-
-def _set_pointer(ref: Any, address: int) -> None:
-    ctypes.cast(ctypes.pointer(_out(ref)), ctypes.POINTER(ctypes.c_void_p)).contents.value = address
-
-
-def _address(handle: Any) -> int:
-    return ctypes.cast(handle, ctypes.c_void_p).value or 0
-
-
-def _noise(t: float, gpu: int, key: str) -> float:
-    """A small deterministic wobble so charts look alive without hiding the story."""
-    return 1.0 + 0.015 * math.sin(t * 0.7 + gpu * 1.3 + len(key))
-
-
-class FakeLibrary:
+class FakeLibrary(GpmSamples, ProcessesAndMig):
     """Answers pynvml's C calls from a scenario timeline."""
 
     def __init__(self, timeline: Timeline) -> None:
@@ -248,6 +216,11 @@ class FakeLibrary:
 
     def nvmlSystemGetDriverVersion(self, buf: Any, size: Any) -> int:
         buf.value = self.profile.driver.version.encode()
+        return OK
+
+    def nvmlSystemGetNVMLVersion(self, buf: Any, size: Any) -> int:
+        # NVML's own version is the CUDA major version before the driver's ("12.580.65.06")
+        buf.value = f"{self.profile.driver.cuda // 1000}.{self.profile.driver.version}".encode()
         return OK
 
     def nvmlSystemGetCudaDriverVersion(self, ref: Any) -> int:
@@ -482,62 +455,6 @@ class FakeLibrary:
         """Flit CRC errors of one link: the scenario's rate spread over the links."""
         return int(self.t.gpu_integral(g, "nvlink_error_rate") / max(1, self.model.nvlinks))
 
-    # ---- GPM -------------------------------------------------------------------------------
-
-    def nvmlGpmQueryDeviceSupport(self, h: Any, ref: Any) -> int:
-        _out(ref).isSupportedDevice = int(self.model.gpm)
-        return OK
-
-    def nvmlGpmSampleAlloc(self, ref: Any) -> int:
-        with self._lock:
-            self._next_sample += 1
-            self._gpm_live.add(self._next_sample)
-            _set_pointer(ref, self._next_sample)
-        return OK
-
-    def nvmlGpmSampleFree(self, sample: Any) -> int:
-        with self._lock:
-            if _address(sample) not in self._gpm_live:
-                return N.NVML_ERROR_INVALID_ARGUMENT
-            self._gpm_live.discard(_address(sample))
-            self._gpm_samples.pop(_address(sample), None)
-        return OK
-
-    @property
-    def gpm_samples_allocated(self) -> int:
-        """Sample buffers allocated and not yet freed."""
-        with self._lock:
-            return len(self._gpm_live)
-
-    def nvmlGpmSampleGet(self, h: Any, sample: Any) -> int:
-        if not self.model.gpm:
-            return NOT_SUPPORTED
-        with self._lock:
-            if _address(sample) not in self._gpm_live:
-                return N.NVML_ERROR_INVALID_ARGUMENT  # never allocated, or freed
-            self._gpm_samples[_address(sample)] = (self._gpu_of(h), self.t.now())
-        return OK
-
-    def nvmlGpmMetricsGet(self, ref: Any) -> int:
-        mg = _out(ref)
-        first = self._gpm_samples.get(_address(mg.sample1))
-        second = self._gpm_samples.get(_address(mg.sample2))
-        if first is None or second is None:
-            return N.NVML_ERROR_INVALID_ARGUMENT
-        g, now = second
-        if now - first[1] < GPM_MIN_GAP_S:  # NVML refuses to compare samples this close
-            return N.NVML_ERROR_INVALID_ARGUMENT
-        for i in range(mg.numMetrics):
-            m = mg.metrics[i]
-            spec = GPM_KEYS.get(m.metricId)
-            if spec is None:
-                m.nvmlReturn = NOT_SUPPORTED
-                continue
-            key, scale = spec
-            m.nvmlReturn = OK
-            m.value = self.t.gpu(g, key, now) * _noise(now, g, key) * scale
-        return OK
-
     # ---- NVLink, ECC -----------------------------------------------------------------------
 
     def nvmlDeviceGetNvLinkState(self, h: Any, link: Any, ref: Any) -> int:
@@ -605,95 +522,6 @@ class FakeLibrary:
             if time.monotonic() >= deadline:
                 return N.NVML_ERROR_TIMEOUT
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-
-    # ---- processes, MIG ---------------------------------------------------------------------
-
-    def _processes(self, g: int) -> list[tuple[int, int]]:
-        procs = [pids[g] for e in self.scn.engines if g in (pids := self.scn.engine_pids(e.name))]
-        if not procs:
-            return []
-        _, _, used = self._memory(g)
-        return [(pid, used // len(procs)) for pid in procs]
-
-    def nvmlDeviceGetComputeRunningProcesses_v2(self, h: Any, count: Any, arr: Any) -> int:
-        return self._write_processes(h, count, arr, 24)
-
-    def nvmlDeviceGetComputeRunningProcesses_v3(self, h: Any, count: Any, arr: Any) -> int:
-        return self._write_processes(h, count, arr, self.profile.driver.process_v3_record)
-
-    def _write_processes(self, h: Any, count: Any, arr: Any, record: int) -> int:
-        """Records of `record` bytes whatever the caller's array type, as the driver does:
-        nvmlProcessInfo_v2_t is 24 bytes (pid, pad, usedGpuMemory, gpuInstanceId,
-        computeInstanceId); R535's _v3 appends usedGpuCcProtectedMemory (32 bytes)."""
-        procs = self._processes(self._gpu_of(h))
-        n = _out(count)
-        if arr is None:
-            n.value = len(procs)
-            return N.NVML_ERROR_INSUFFICIENT_SIZE if procs else OK
-        if n.value < len(procs):
-            n.value = len(procs)
-            return N.NVML_ERROR_INSUFFICIENT_SIZE
-        base = ctypes.addressof(arr)
-        for i, (pid, mem) in enumerate(procs):
-            at = base + i * record
-            ctypes.c_uint.from_address(at).value = pid
-            ctypes.c_ulonglong.from_address(at + 8).value = mem
-            ctypes.c_uint.from_address(at + 16).value = 0xFFFFFFFF
-            ctypes.c_uint.from_address(at + 20).value = 0xFFFFFFFF
-            if record >= 32:
-                ctypes.c_ulonglong.from_address(at + 24).value = 0
-        n.value = len(procs)
-        return OK
-
-    def _mig_instances(self, g: int) -> tuple[tuple[str, float, int], ...]:
-        if self.scn.mig is None or g not in self.scn.mig.gpus:
-            return ()
-        return self.scn.mig.instances
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, h: Any, ref: Any) -> int:
-        _out(ref).value = 7
-        return OK
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, index: Any, ref: Any) -> int:
-        g, i = self._gpu_of(h), _val(index)
-        if i >= len(self._mig_instances(g)):
-            return N.NVML_ERROR_NOT_FOUND
-        _set_pointer(ref, MIG_HANDLE_BASE + g * 16 + i)
-        return OK
-
-    def _mig_slot(self, h: Any) -> tuple[int, int]:
-        return divmod(_address(h) - MIG_HANDLE_BASE, 16)
-
-    def _mig_memory(self, h: Any, ref: Any) -> int:
-        g, slot = self._mig_slot(h)
-        _, ratio, _ = self._mig_instances(g)[slot]
-        total = int(self.model.memory_bytes * ratio)
-        used = int(total * min(0.98, self.t.gpu(g, "memory_used_ratio")))
-        out = _out(ref)
-        out.total, out.used, out.free = total, used, total - used
-        if hasattr(out, "reserved"):
-            out.reserved = 0
-        return OK
-
-    def nvmlDeviceGetGpuInstanceId(self, h: Any, ref: Any) -> int:
-        _out(ref).value = self._mig_slot(h)[1] + 1
-        return OK
-
-    def nvmlDeviceGetComputeInstanceId(self, h: Any, ref: Any) -> int:
-        _out(ref).value = 0
-        return OK
-
-    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, h: Any, ref: Any) -> int:
-        addr = _address(h)
-        if addr < MIG_HANDLE_BASE:
-            return N.NVML_ERROR_INVALID_ARGUMENT  # not a MIG device
-        _set_pointer(ref, HANDLE_BASE + (addr - MIG_HANDLE_BASE) // 16)
-        return OK
-
-    def nvmlDeviceGetAttributes_v2(self, h: Any, ref: Any) -> int:
-        g, slot = self._mig_slot(h)
-        _out(ref).multiprocessorCount = self._mig_instances(g)[slot][2]
-        return OK
 
 
 BY_INDEX = ("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetCount_v2")

@@ -70,7 +70,8 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
         "exporter.webconfig",
         "exporter.config",
     ),
-    "exporter.sim": ("exporter.sim",),
+    # the fake library answers the field ids the NVML layer names (nvml.h constants)
+    "exporter.sim": ("exporter.sim", "exporter.nvml"),
 }
 PYNVML_ALLOWED = ("exporter.nvml", "exporter.sim")
 

@@ -157,7 +157,7 @@ def test_passes_when_nvidia_smi_agrees(
     assert code == 0, out
     assert "FAIL" not in out
     assert "selfcheck (simulated: healthy)" in out
-    assert "driver 560.35.03, CUDA 12.6" in out and "nvidia-ml-py 1" in out
+    assert "driver 580.65.06, CUDA 13.0" in out and "nvidia-ml-py 1" in out
     assert out.count("NVIDIA H100 80GB HBM3  GPU-") == 8
     for name in (
         "memory total",
