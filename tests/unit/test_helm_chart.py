@@ -510,6 +510,8 @@ def test_default_is_a_locked_down_daemonset_on_gpu_nodes(chart: Any) -> None:
     env = {e["name"]: e for e in container["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
+    # without it a MIG parent refuses memory info and processes to the container
+    assert env["NVIDIA_MIG_MONITOR_DEVICES"]["value"] == "all"
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     # the exporter never asks for a GPU: it must not take one away from the workloads
     assert "nvidia.com/gpu" not in json.dumps(container.get("resources", {}))
