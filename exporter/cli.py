@@ -1,4 +1,4 @@
-"""Command line: `serve`, `snapshot`, `diagnose` and `selfcheck`."""
+"""Command line: `serve`, `snapshot`, `diagnose`, `selfcheck` and `healthcheck`."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from exporter.sim.scenario import ScenarioError, builtin_names
 EXIT_NO_DRIVER = 1
 EXIT_USAGE = 2
 SELFCHECK_FLAGS = ("nvidia_smi", "smi_timeout", "xid_seconds")
+EXIT_UNHEALTHY = 1  # Docker reserves 2: a healthcheck answers 0 or 1 only
 NO_DRIVER_HINT = "try `llm-gpu-exporter serve --simulate healthy` for a demo on simulated GPUs"
 
 
@@ -53,6 +54,7 @@ def parser() -> argparse.ArgumentParser:
     _common(serve)
     serve.add_argument("--listen", help=f"HOST:PORT (default 0.0.0.0:{DEFAULT_PORT})")
     serve.add_argument("--web-config-file", help="TLS and basic-auth settings (Prometheus web config format)")
+    _limits(serve)
     serve.add_argument("--probe-dir", help="allocator probe directory")
     serve.add_argument("--kubelet-socket", help="kubelet pod-resources socket, for pod attribution")
     serve.add_argument(
@@ -83,6 +85,23 @@ def parser() -> argparse.ArgumentParser:
         help="disable a collector (repeatable)",
     )
 
+    health = sub.add_parser(
+        "healthcheck", help="exit 0 when the exporter on this host answers /healthz, else 1"
+    )
+    health.add_argument("--config", help="YAML settings file, as given to serve")
+    health.add_argument("--listen", help="HOST:PORT the exporter serves on, as given to serve")
+    health.add_argument("--web-config-file", help="the web config given to serve (for https)")
+    health.add_argument(
+        "--pid",
+        dest="serve_pid",
+        type=int,
+        help="take --listen, --web-config-file and --config from the command line of this "
+        "`serve` process (1 in the container image)",
+    )
+    health.add_argument(
+        "--timeout", dest="probe_timeout", type=float, default=4.0, help="seconds (default 4)"
+    )
+
     snap = sub.add_parser("snapshot", help="print one sample as a table")
     _common(snap)
     snap.add_argument("--json", action="store_true", help="print the snapshot as JSON")
@@ -105,6 +124,17 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _limits(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-connections", type=int, help="open connections at most (default 1024)")
+    p.add_argument("--idle-timeout", type=float, help="s a connection may sit without a request (default 5)")
+    p.add_argument("--header-timeout", type=float, help="s for a request's headers to arrive (default 10)")
+    p.add_argument("--write-timeout", type=float, help="s for a response to be read (default 30)")
+    p.add_argument("--engine-max-labels", type=int, help="labels per engine series (default 64)")
+    p.add_argument(
+        "--engine-max-label-length", type=int, help="characters per engine label value (default 2048)"
+    )
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     flags = {
         k: v
@@ -118,6 +148,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "healthcheck":
+        return healthcheck(args)
     try:
         settings = settings_from(args)
     except ConfigError as err:
@@ -152,12 +184,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(settings: Settings) -> int:
-    import uvicorn
-
     from exporter import app, webconfig
+    from exporter.http_limits import ServerLimits, build_server
     from exporter.server import create_app
 
     web = webconfig.load(settings.web_config_file) if settings.web_config_file else None
+    limits = ServerLimits(
+        max_connections=settings.max_connections,
+        idle_timeout=settings.idle_timeout,
+        header_timeout=settings.header_timeout,
+        write_timeout=settings.write_timeout,
+    )
     exporter = app.build(settings)
     # Modules and the built exporter live as long as the process: keep them out of every
     # full collection, which otherwise holds the GIL for tens of ms at 72 GPUs.
@@ -171,16 +208,80 @@ def serve(settings: Settings) -> int:
         f"llm-gpu-exporter {__version__} serving {scheme}://{shown}:{settings.port}/ ({source})", flush=True
     )
     try:
-        uvicorn.run(
+        build_server(
             create_app(exporter.runner, web),
-            host=settings.host,
-            port=settings.port,
-            log_level="warning",
-            access_log=False,
-            **(webconfig.uvicorn_options(web) if web else {}),
-        )
+            settings.host,
+            settings.port,
+            limits,
+            ssl_context=webconfig.ssl_context(web) if web else None,
+            connect_state=webconfig.connect_state(web) if web and web.tls else None,
+        ).run()
     finally:
         exporter.close()
+    return 0
+
+
+def _serve_flags(pid: int) -> argparse.Namespace | None:
+    """The flags of a running `serve`, read from its command line; None if it is not one."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode() for a in f.read().split(b"\0") if a]
+    except OSError:
+        return None
+    if "serve" not in argv:
+        return None
+    try:
+        return parser().parse_args(argv[argv.index("serve") :])
+    except SystemExit:
+        return None
+
+
+def healthcheck(args: argparse.Namespace) -> int:
+    """GET /healthz where `serve` listens, over https when its web config has TLS.
+
+    The certificate is not verified: this is a liveness probe over loopback, and the
+    server's certificate is seldom issued for 127.0.0.1. /healthz needs no credentials.
+    """
+    import http.client
+    import ssl
+
+    from exporter import webconfig
+
+    given = {k: getattr(args, k) for k in ("listen", "web_config_file")}
+    config = args.config
+    served = _serve_flags(args.serve_pid) if args.serve_pid else None
+    if served is not None:  # the serve process's flags win, as they do for it
+        given = {k: getattr(served, k) or v for k, v in given.items()}
+        config = served.config or config
+    try:
+        settings = load(given, config)
+        web = webconfig.load(settings.web_config_file) if settings.web_config_file else None
+    except ConfigError as err:
+        print(f"llm-gpu-exporter healthcheck: invalid configuration: {err}", file=sys.stderr)
+        return EXIT_UNHEALTHY
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host, settings.host)
+    conn: http.client.HTTPConnection
+    if web is not None and web.tls:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        conn = http.client.HTTPSConnection(host, settings.port, timeout=args.probe_timeout, context=context)
+    else:
+        conn = http.client.HTTPConnection(host, settings.port, timeout=args.probe_timeout)
+    scheme = "https" if web is not None and web.tls else "http"
+    try:
+        conn.request("GET", "/healthz")
+        status = conn.getresponse().status
+    except (OSError, http.client.HTTPException) as err:
+        print(
+            f"llm-gpu-exporter healthcheck: {scheme}://{host}:{settings.port}/healthz: {err}", file=sys.stderr
+        )
+        return EXIT_UNHEALTHY
+    finally:
+        conn.close()
+    if status != 200:
+        print(f"llm-gpu-exporter healthcheck: /healthz answered {status}", file=sys.stderr)
+        return EXIT_UNHEALTHY
     return 0
 
 

@@ -28,6 +28,11 @@ class Settings:
     # finding that holds for two minutes shows within 12 s of its condition.
     speed: float = 10.0
     web_config_file: str | None = None
+    # HTTP server limits: what one client, or many, can hold of the server
+    max_connections: int = 1024  # open connections; the oldest idle one makes room
+    idle_timeout: float = 5.0  # s a connection may wait before (or between) requests
+    header_timeout: float = 10.0  # s from a request's first byte to its last header
+    write_timeout: float = 30.0  # s from a request to the last byte of its response
     log_level: str = "info"
     collectors_disabled: tuple[str, ...] = ()
     collectors_enabled: tuple[str, ...] = ()  # those off by default, switched on
@@ -40,6 +45,8 @@ class Settings:
     engine_timeout: float = 3.0
     engine_max_bytes: int = 8 * 1024 * 1024
     engine_max_series: int = 20000
+    engine_max_labels: int = 64  # labels on one series
+    engine_max_label_length: int = 2048  # characters in one label value
     # allocator probe and attribution
     probe_dir: str = "/run/llm-gpu-exporter/probes"
     probe_max_age: float = 120.0
@@ -141,6 +148,13 @@ def validate(s: Settings) -> None:
         raise ConfigError(f"setting 'interval' must be at least 0.05 s, got {s.interval}")
     if s.speed <= 0:
         raise ConfigError(f"setting 'speed' must be positive, got {s.speed}")
+    if s.max_connections < 1:
+        raise ConfigError(f"setting 'max_connections' must be at least 1, got {s.max_connections}")
+    for key in ("idle_timeout", "header_timeout", "write_timeout"):
+        if getattr(s, key) <= 0:
+            raise ConfigError(f"setting '{key}' must be positive, got {getattr(s, key)}")
+    if s.engine_max_labels < 1 or s.engine_max_label_length < 1:
+        raise ConfigError("settings 'engine_max_labels' and 'engine_max_label_length' must be at least 1")
     if s.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"setting 'log_level' must be debug, info, warning or error, got {s.log_level!r}")
 

@@ -11,11 +11,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from exporter import __version__
+from exporter.diagnosis.routes import DiagnosisBytes
 from exporter.diagnosis.routes import router as diagnosis_router
 from exporter.exposition import OPENMETRICS, TEXT
+from exporter.per_snapshot import PerSnapshot
 from exporter.runner import Runner
 from exporter.snapshot import Snapshot
-from exporter.webconfig import AuthMiddleware, WebConfig
+from exporter.webconfig import AuthMiddleware, HeadersMiddleware, WebConfig
 
 
 def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:
@@ -49,11 +51,23 @@ def _asdict(reading: Any) -> dict[str, Any]:
     return {"value": repr(reading)}
 
 
-def create_app(runner: Runner, web: WebConfig | None = None) -> FastAPI:
+def _snapshot_bytes(snapshot: Snapshot) -> bytes:
+    return json.dumps(snapshot_json(snapshot), default=str).encode()
+
+
+def create_app(
+    runner: Runner, web: WebConfig | None = None, diagnosis: DiagnosisBytes | None = None
+) -> FastAPI:
+    """The routes; every one answers from bytes made before it or once per snapshot.
+
+    The handlers are coroutines: none of them blocks (renders go to a thread), so a
+    request costs no thread-pool hop.
+    """
     app = FastAPI(title="llm-gpu-exporter", version=__version__, docs_url=None, redoc_url=None)
+    snapshot_bytes = PerSnapshot(_snapshot_bytes)
 
     @app.get("/metrics")
-    def metrics(request: Request) -> Response:
+    async def metrics(request: Request) -> Response:
         rendered = runner.published
         if rendered is None:
             return PlainTextResponse("no sample yet\n", status_code=503)
@@ -69,11 +83,11 @@ def create_app(runner: Runner, web: WebConfig | None = None) -> FastAPI:
         return Response(body, headers=headers)
 
     @app.get("/healthz")
-    def healthz() -> PlainTextResponse:
+    async def healthz() -> PlainTextResponse:
         return PlainTextResponse("ok\n")
 
     @app.get("/readyz")
-    def readyz() -> JSONResponse:
+    async def readyz() -> JSONResponse:
         rendered = runner.published
         age = None if rendered is None else time.monotonic() - rendered.rendered_at
         ready = age is not None and age <= max(3 * runner.interval, 5.0)
@@ -87,20 +101,22 @@ def create_app(runner: Runner, web: WebConfig | None = None) -> FastAPI:
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/api/v1/snapshot")
-    def snapshot() -> Response:
+    async def snapshot() -> Response:
         rendered = runner.published
         if rendered is None:
             return JSONResponse({"error": "no sample yet"}, status_code=503)
-        return Response(
-            json.dumps(snapshot_json(rendered.snapshot), default=str), media_type="application/json"
-        )
+        return Response(await snapshot_bytes.get(rendered.snapshot), media_type="application/json")
 
-    app.include_router(diagnosis_router(lambda: runner.published.snapshot if runner.published else None))
+    app.include_router(
+        diagnosis_router(lambda: runner.published.snapshot if runner.published else None, diagnosis)
+    )
 
-    if web is not None and (web.users or web.require_client_cert):
+    if web is not None and web.checks_requests:
 
         def count(reason: str) -> None:
             runner.stats.auth_failures[reason] += 1
 
         app.add_middleware(AuthMiddleware, cfg=web, on_failure=count)
+    if web is not None and web.headers:
+        app.add_middleware(HeadersMiddleware, headers=web.headers)  # outermost: on 401s too
     return app

@@ -7,6 +7,7 @@ which has no CPUs, so an engine pinned right would look misplaced on every GPU.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,15 @@ class DeviceCollector(GpuCollector):
     def _numa(self, h: Any, bus_id: str) -> str:
         """The first answer naming a node with CPUs: the PCI device's sysfs entry, then
         the nodes NVML calls close to the GPU, then nvmlDeviceGetNumaNodeId."""
-        for node in (self._pci_node(bus_id), *self._affinity_nodes(h), self._nvml_node(h)):
-            if node is not None and node >= 0 and self._has_cpus(node):
-                return str(node)
+        sources: tuple[Callable[[], list[int | None]], ...] = (
+            lambda: [self._pci_node(bus_id)],
+            lambda: list(self._affinity_nodes(h)),
+            lambda: [self._nvml_node(h)],
+        )
+        for source in sources:  # asked in turn: the first answer with CPUs ends the search
+            for node in source():
+                if node is not None and node >= 0 and self._has_cpus(node):
+                    return str(node)
         return ""
 
     def _pci_node(self, bus_id: str) -> int | None:

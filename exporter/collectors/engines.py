@@ -30,6 +30,8 @@ class EnginesCollector(Collector):
                 timeout_s=s.engine_timeout,
                 max_bytes=s.engine_max_bytes,
                 max_series=s.engine_max_series,
+                max_labels=s.engine_max_labels,
+                max_label_length=s.engine_max_label_length,
             ),
             static=[*targets_from_settings(s), *extra],
             discoverers=discoverers(s) if discover is None else discover,

@@ -3,12 +3,17 @@
 The body is streamed and abandoned as soon as it passes the size cap; the whole
 exchange, headers to last byte, must finish within the timeout (a server that trickles
 bytes forever is cut off). The series cap is checked on the raw lines before the
-parser runs, so a page of 100 000 label values costs a line count, not a parse.
+parser runs, so a page of 100 000 label values costs a line count, not a parse. So are
+the label caps: only a line longer than the longest allowed value, or with more quotes
+than the allowed labels have, is looked at closely (a regular expression over its label
+set), so a 1 MiB label value is refused before the parser copies it, and a normal page
+costs a length and a count per line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from dataclasses import dataclass
 
@@ -17,6 +22,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
+MAX_LABELS = 64  # vLLM's widest info series (cache_config_info) has about 30
+MAX_LABEL_LENGTH = 2048  # a model path or a comma-joined list of LoRA adapters fits
+_QUOTED = re.compile(r'"((?:[^"\\\n]|\\.)*)"')  # a label value, escapes and all
+_ESCAPE = re.compile(r"\\.")
 
 
 class ScrapeError(Exception):
@@ -33,6 +42,8 @@ class Limits:
     timeout_s: float
     max_bytes: int
     max_series: int
+    max_labels: int = MAX_LABELS
+    max_label_length: int = MAX_LABEL_LENGTH
 
 
 async def fetch(client: httpx.AsyncClient, url: str, limits: Limits) -> bytes:
@@ -92,16 +103,37 @@ async def _fetch(client: httpx.AsyncClient, url: str, limits: Limits) -> bytes:
         return bytes(body)
 
 
-def parse(body: bytes, max_series: int) -> list[Metric]:
+def _check_labels(line: str, max_labels: int, max_length: int) -> None:
+    """ScrapeError if the sample line has too many labels or too long a value."""
+    start = line.find("{")
+    if start < 0:
+        return
+    name = line[:start].strip()[:100]
+    values = _QUOTED.findall(line, start)
+    if len(values) > max_labels:
+        raise ScrapeError("too_many_labels", f"{name}: {len(values)} labels > {max_labels}")
+    for value in values:
+        if len(value) > max_length and len(_ESCAPE.sub("x", value)) > max_length:
+            raise ScrapeError(
+                "label_too_long", f"{name}: a label value of {len(value)} characters > {max_length}"
+            )
+
+
+def parse(
+    body: bytes, max_series: int, max_labels: int = MAX_LABELS, max_label_length: int = MAX_LABEL_LENGTH
+) -> list[Metric]:
     """Metric families from an exposition body, or ScrapeError."""
     text = body.decode("utf-8", errors="replace")
     head = text.lstrip()[:256].lower()
     if head.startswith("<") or "<html" in head or "\ufffd" in text[:4096]:
         raise ScrapeError("not_prometheus", "HTML or binary body")
     lines = 0
+    quotes = 2 * max_labels
     for line in text.splitlines():
         if line and not line.startswith("#"):
             lines += 1
+            if len(line) > max_label_length or line.count('"') > quotes:
+                _check_labels(line, max_labels, max_label_length)
     if lines > max_series:
         raise ScrapeError("too_many_series", f"{lines} samples > {max_series}")
     try:

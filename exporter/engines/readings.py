@@ -25,6 +25,8 @@ SCRAPE_ERRORS = (
     "not_prometheus",  # HTML, garbage, or text the exposition parser rejects
     "too_large",  # body over engine_max_bytes
     "too_many_series",  # more samples than engine_max_series
+    "too_many_labels",  # a series with more labels than engine_max_labels
+    "label_too_long",  # a label value longer than engine_max_label_length
     "unknown_engine",  # valid exposition, but no vLLM / SGLang / TGI metric in it
     "connection",  # the connection broke mid-answer (reset, protocol error)
 )

@@ -23,7 +23,7 @@ import httpx
 
 from exporter.engines import processes
 from exporter.engines.derive import ScrapeWindow
-from exporter.engines.fetch import Limits, ScrapeError, fetch, parse
+from exporter.engines.fetch import MAX_LABEL_LENGTH, MAX_LABELS, Limits, ScrapeError, fetch, parse
 from exporter.engines.normalize import Normalized, Raw, SeriesKey, normalize
 from exporter.engines.readings import (
     SCRAPE_ERRORS,
@@ -48,6 +48,8 @@ class ScrapeConfig:
     timeout_s: float = 3.0
     max_bytes: int = 8 * 1024 * 1024
     max_series: int = 20000
+    max_labels: int = MAX_LABELS
+    max_label_length: int = MAX_LABEL_LENGTH
 
 
 Discoverer = Callable[[], Sequence[Target]]
@@ -166,6 +168,8 @@ class EngineScraper:
             timeout_s=target.timeout_s or self.config.timeout_s,
             max_bytes=self.config.max_bytes,
             max_series=self.config.max_series,
+            max_labels=self.config.max_labels,
+            max_label_length=self.config.max_label_length,
         )
         started = time.perf_counter()
         norm: Normalized | None = None
@@ -174,7 +178,9 @@ class EngineScraper:
         try:
             body = await fetch(client, target.url, limits)
             now = self.clock()  # the page's instant: before parsing, which takes a while
-            families = await asyncio.to_thread(parse, body, limits.max_series)
+            families = await asyncio.to_thread(
+                parse, body, limits.max_series, limits.max_labels, limits.max_label_length
+            )
             del body
             norm = normalize(families, state.kind)
             if norm is None:

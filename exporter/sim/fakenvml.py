@@ -271,6 +271,15 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
         _out(ref).value = self._gpu_memory_node(g) if self.profile.part.grace else self._cpu_node(g)
         return OK
 
+    def nvmlDeviceGetMemoryAffinity(self, h: Any, size: Any, ref: Any, scope: Any) -> int:
+        # A bit per NUMA node close to the GPU's memory: the node of the CPUs it hangs off.
+        node = self._cpu_node(self._gpu_of(h))
+        words = _out(ref)
+        if node // 64 >= _val(size):
+            return N.NVML_ERROR_INSUFFICIENT_SIZE
+        words[node // 64] = 1 << (node % 64)
+        return OK
+
     def _mig_on(self, gpu: int) -> bool:
         return self.scn.mig is not None and gpu in self.scn.mig.gpus
 

@@ -28,6 +28,8 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "exporter.snapshot": READINGS,
     "exporter.exposition": (*READINGS, "exporter.snapshot"),
     "exporter.diagnosis.rules": ("exporter.diagnosis",),
+    # the HTTP routes of the diagnosis serve bytes made once per snapshot
+    "exporter.diagnosis.routes": ("exporter.diagnosis", "exporter.snapshot", "exporter.per_snapshot"),
     "exporter.diagnosis": (
         "exporter.diagnosis",
         *READINGS,

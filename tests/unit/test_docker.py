@@ -3,7 +3,8 @@
 No Docker engine runs here, so the image is not built. What can be checked is: hadolint
 reports nothing; the final stage is a slim Python base running as a numeric non-root user
 with the NVIDIA toolkit environment, OCI labels and a /healthz HEALTHCHECK; the
-HEALTHCHECK command works against a live /healthz; and the package builds into a wheel
+HEALTHCHECK command works against a live /healthz, over https and on the port of the
+exporter it checks; and the package builds into a wheel
 from exactly the files the .dockerignore lets into the context.
 """
 
@@ -19,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import zipfile
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -186,26 +188,72 @@ def healthy() -> Iterator[Healthz]:
     server.close()
 
 
-def run_healthcheck(port: int) -> int:
+def run_healthcheck(env: dict[str, str], pid: int | None = None) -> subprocess.CompletedProcess[str]:
+    """The image's HEALTHCHECK command, run here; `pid` stands in for the container's PID 1."""
     command = healthcheck_command()
-    assert command[0] == "python"
-    env = {"LLMGPU_LISTEN": f"0.0.0.0:{port}", "PATH": "/usr/bin:/bin"}
-    result = subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, timeout=30)
-    return result.returncode
+    assert command[0] == next(iter(PYPROJECT["project"]["scripts"]))
+    args = command[1:]
+    if pid is not None:
+        args[args.index("--pid") + 1] = str(pid)
+    return subprocess.run(
+        [sys.executable, "-m", "exporter.cli", *args],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_healthcheck_probes_healthz(healthy: Healthz) -> None:
-    assert run_healthcheck(healthy.port) == 0
+    assert run_healthcheck({"LLMGPU_LISTEN": f"0.0.0.0:{healthy.port}"}).returncode == 0
     assert healthy.paths == ["/healthz"]
 
 
 def test_healthcheck_fails_when_unhealthy_or_down() -> None:
     failing = Healthz(503)
+    env = {"LLMGPU_LISTEN": f"0.0.0.0:{failing.port}"}
     try:
-        assert run_healthcheck(failing.port) != 0
+        assert run_healthcheck(env).returncode == 1
     finally:
         failing.close()
-    assert run_healthcheck(failing.port) != 0  # nothing listens any more
+    down = run_healthcheck(env)  # nothing listens any more
+    assert down.returncode == 1 and "/healthz" in down.stderr  # 1, never Docker's reserved 2
+
+
+def test_healthcheck_refuses_a_bad_configuration_with_1() -> None:
+    bad = run_healthcheck({"LLMGPU_LISTEN": "nowhere"})
+    assert bad.returncode == 1 and "listen" in bad.stderr
+
+
+def test_healthcheck_follows_the_serve_flags_over_tls(tmp_path: Path) -> None:
+    """A real exporter on another port with TLS: the check reads PID's flags and speaks https."""
+    tls_pki = pytest.importorskip("tls_pki")
+    tls_pki.make_pki(tmp_path)
+    web = tmp_path / "web.yml"
+    web.write_text("tls_server_config: {cert_file: server.crt, key_file: server.key}\n")
+    port = tls_pki.free_port()
+    serve = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "exporter.cli", "serve", "--simulate", "healthy"),
+            *("--listen", f"127.0.0.1:{port}", "--web-config-file", str(web), "--no-discover-processes"),
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert serve.stdout is not None and "serving https://" in serve.stdout.readline()
+        deadline = time.monotonic() + 20  # the line is printed just before the socket opens
+        while (checked := run_healthcheck({}, pid=serve.pid)).returncode != 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert checked.returncode == 0, checked.stderr
+        # What the old check did: plain HTTP to the default port. Both are wrong here.
+        assert run_healthcheck({"LLMGPU_LISTEN": f"127.0.0.1:{port}"}).returncode == 1
+        assert run_healthcheck({}).returncode == 1
+    finally:
+        serve.terminate()
+        serve.wait(timeout=20)
 
 
 LOCAL_DIRS = (".venv", ".cache", ".mypy_cache", ".pytest_cache", ".ruff_cache")

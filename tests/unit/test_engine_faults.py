@@ -2,7 +2,8 @@
 
 Each bad input gets its own server (its own host:port, so its own `target` label):
 refused connections, HTTP 500, HTML, binary garbage, a 50 MiB body, 100 000 label
-values, and a response that never finishes. Each must end as up=0 with its reason
+values, a 1 MiB label value, 40 KB model names, 100 labels on a series, and a response
+that never finishes. Each must end as up=0 with its reason
 counted, within its timeout, while a good target beside them keeps reporting and the
 exposition of the whole stays valid.
 """
@@ -135,6 +136,21 @@ def many_series(h: BaseHTTPRequestHandler) -> None:
     send(h, 200, body)
 
 
+def with_line(line: str) -> Respond:
+    """The good vLLM page with one hostile sample line added: the rest is valid."""
+    body = GOOD_PAGE + line.encode() + b"\n"
+
+    def respond(h: BaseHTTPRequestHandler) -> None:
+        send(h, 200, body, "text/plain; version=0.0.4")
+
+    return respond
+
+
+MIB_LABEL = 'vllm:num_requests_running{model_name="' + "m" * MiB + '"} 1'
+LONG_MODEL = 'vllm:num_requests_waiting{model_name="' + "org/" * 10_000 + '"} 1'  # 40 KB
+MANY_LABELS = "vllm:num_requests_running{" + ",".join(f'l{i}="v"' for i in range(100)) + "} 1"
+
+
 def never_finishes(h: BaseHTTPRequestHandler) -> None:
     h.send_response(200)
     h.send_header("Content-Type", "text/plain")
@@ -166,6 +182,9 @@ def servers() -> Iterator[dict[str, Server]]:
         "huge_declared": Server(huge_declared),
         "many_series": Server(many_series),
         "never_finishes": Server(never_finishes),
+        "mib_label": Server(with_line(MIB_LABEL)),
+        "long_model": Server(with_line(LONG_MODEL)),
+        "many_labels": Server(with_line(MANY_LABELS)),
     }
     ref.append(made["huge"])
     yield made
@@ -185,6 +204,9 @@ EXPECTED = {
     "never_finishes": "timeout",
     "refused": "refused",
     "dns": "dns",
+    "mib_label": "label_too_long",
+    "long_model": "label_too_long",
+    "many_labels": "too_many_labels",
 }
 
 
@@ -332,3 +354,21 @@ def test_a_target_state_change_is_logged_once_with_its_reason(caplog: pytest.Log
             scraper.refresh()
     lines = [r.getMessage() for r in caplog.records if url in r.getMessage()]
     assert len(lines) == 1 and "is down: refused" in lines[0], lines
+
+
+def test_label_caps_count_what_the_value_says_not_how_it_is_escaped() -> None:
+    from exporter.engines.fetch import ScrapeError, parse
+
+    at_cap = 'vllm:num_requests_running{model_name="' + "a" * 64 + '"} 1\n'
+    assert parse(at_cap.encode(), 10, max_labels=4, max_label_length=64)[0].samples[0].value == 1
+    escaped = 'vllm:num_requests_running{model_name="' + '\\"' * 64 + '"} 1\n'  # 64 quote characters
+    assert parse(escaped.encode(), 10, max_labels=4, max_label_length=64)
+    with pytest.raises(ScrapeError) as err:
+        parse(('x{m="' + "a" * 65 + '"} 1\n').encode(), 10, max_labels=4, max_label_length=64)
+    assert err.value.reason == "label_too_long"
+    five = "x{" + ",".join(f'l{i}="{"," * 3}"' for i in range(5)) + "} 1\n"  # commas inside values
+    with pytest.raises(ScrapeError) as err:
+        parse(five.encode(), 10, max_labels=4, max_label_length=64)
+    assert err.value.reason == "too_many_labels"
+    four = "x{" + ",".join(f'l{i}="a"' for i in range(4)) + "} 1\n"
+    assert len(parse(four.encode(), 10, max_labels=4, max_label_length=64)[0].samples[0].labels) == 4

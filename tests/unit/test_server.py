@@ -1,12 +1,13 @@
-"""The HTTP side: cached bytes, content negotiation, readiness, auth and TLS."""
+"""The HTTP side: cached bytes, content negotiation, readiness, auth and TLS, and the limits
+that keep abusive clients from exhausting the server."""
 
 from __future__ import annotations
 
 import base64
 import gzip
+import json
 import socket
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -15,11 +16,13 @@ from pathlib import Path
 import bcrypt
 import httpx
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
+from tls_pki import live_server, make_pki
 
 from exporter import webconfig
 from exporter.config import ConfigError
+from exporter.diagnosis.routes import DiagnosisBytes
+from exporter.http_limits import EVICT_AFTER_S, SEND_BUFFER_BYTES, SLICE_BYTES, ServerLimits, pool_stats
 from exporter.server import create_app
 
 SCENARIO = """
@@ -108,68 +111,8 @@ def test_bad_web_config_is_named(tmp_path: Path, text: str, message: str) -> Non
         _webconfig(tmp_path, text)
 
 
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
-def _pki(d: Path) -> None:
-    _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=test-ca",
-        "-keyout",
-        str(d / "ca.key"),
-        "-out",
-        str(d / "ca.crt"),
-    )
-    for name in ("server", "client"):
-        _openssl(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            f"/CN={name}",
-            "-keyout",
-            str(d / f"{name}.key"),
-            "-out",
-            str(d / f"{name}.csr"),
-        )
-        ext = d / f"{name}.ext"
-        ext.write_text("subjectAltName=IP:127.0.0.1\n")
-        _openssl(
-            "x509",
-            "-req",
-            "-in",
-            str(d / f"{name}.csr"),
-            "-CA",
-            str(d / "ca.crt"),
-            "-CAkey",
-            str(d / "ca.key"),
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            str(ext),
-            "-out",
-            str(d / f"{name}.crt"),
-        )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_tls_with_client_certificates(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    _pki(tmp_path)
+    make_pki(tmp_path)
     web = _webconfig(
         tmp_path,
         "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
@@ -177,21 +120,7 @@ def test_tls_with_client_certificates(sim, tmp_path: Path) -> None:  # type: ign
     )
     s = sim(SCENARIO)
     s.at(1)
-    port = _free_port()
-    config = uvicorn.Config(
-        create_app(s.runner, web),
-        host="127.0.0.1",
-        port=port,
-        log_level="error",
-        **webconfig.uvicorn_options(web),
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
+    with live_server(create_app(s.runner, web), web) as (port, _):
         url = f"https://127.0.0.1:{port}/metrics"
         trust = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
         assert httpx.get(url, verify=trust).status_code == 401  # TLS, but no client certificate
@@ -199,6 +128,164 @@ def test_tls_with_client_certificates(sim, tmp_path: Path) -> None:  # type: ign
         ok = httpx.get(url, verify=trust)
         assert ok.status_code == 200 and "llmgpu_gpu_up" in ok.text
         assert s.runner.stats.auth_failures["client_certificate"] == 1
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+
+
+# ---- the diagnosis and the JSON API: rendered once per snapshot -------------------------
+
+
+def _hammer(url: str, seconds: float, threads: int = 4) -> list[bytes]:
+    """GET url from several threads for a while; the bodies, in no order."""
+    bodies: list[bytes] = []
+    stop = time.monotonic() + seconds
+
+    def run() -> None:
+        with httpx.Client(timeout=10) as c:
+            bodies.append(c.get(url).content)  # one at least, however slow the start
+            while time.monotonic() < stop:
+                bodies.append(c.get(url).content)
+
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return bodies
+
+
+def test_diagnosis_and_page_rendered_once_per_snapshot(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(SCENARIO)
+    s.at(1)
+    made = DiagnosisBytes()
+    with live_server(create_app(s.runner, diagnosis=made)) as (port, _):
+        base = f"http://127.0.0.1:{port}"
+        bodies = _hammer(base + "/api/v1/diagnosis", 1.0)
+        pages = _hammer(base + "/", 0.5)
+        assert len(bodies) > 20 and len(set(bodies)) == 1 and len(set(pages)) == 1
+        assert json.loads(bodies[0])["status"] in ("ok", "warning", "critical")
+        assert made.json.renders == 1 and made.page.renders == 1
+        s.at(2)  # a new snapshot: rendered again, once
+        _hammer(base + "/api/v1/diagnosis", 0.3)
+        assert made.json.renders == 2 and made.page.renders == 1
+
+
+def test_sampling_cadence_does_not_follow_request_load(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(SCENARIO, interval=0.2)
+    s.runner.start()
+
+    def cycles(seconds: float) -> int:
+        seen, last = 0, s.runner.published
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            if s.runner.published is not last:
+                seen, last = seen + 1, s.runner.published
+            time.sleep(0.01)
+        return seen
+
+    with live_server(create_app(s.runner)) as (port, _):
+        quiet = cycles(3.0)
+        loaded: list[int] = []
+        counter = threading.Thread(target=lambda: loaded.append(cycles(3.0)))
+        counter.start()
+        hammered = _hammer(f"http://127.0.0.1:{port}/api/v1/diagnosis", 3.0, threads=6)
+        counter.join()
+    assert quiet >= 8  # 15 expected at 0.2 s
+    assert len(hammered) > 100
+    assert loaded[0] >= 0.6 * quiet, (quiet, loaded[0], len(hammered))
+
+
+# ---- limits: connections, timeouts, memory per stalled client -----------------------------
+
+
+def _connect(port: int, rcvbuf: int | None = None) -> socket.socket:
+    sock = socket.socket()
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """True if the server closed (or reset) the connection within the time."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def test_connection_cap_drops_the_oldest_idle_then_refuses(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(SCENARIO)
+    s.at(1)
+    with live_server(create_app(s.runner), limits=ServerLimits(max_connections=2)) as (port, server):
+        stats = pool_stats(server)
+        old = [_connect(port), _connect(port)]
+        time.sleep(EVICT_AFTER_S + 0.2)
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200  # made room
+        assert stats.evicted == 1 and _closed_within(old[0], 2)
+        young = _connect(port)  # the pool: old[1] and this one, both idle
+        time.sleep(EVICT_AFTER_S + 0.2)
+        fresh = [_connect(port), _connect(port)]  # evicts old[1], then young; full of fresh ones
+        refused = _connect(port)
+        answer = refused.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503") and b"too many connections" in answer
+        assert stats.refused == 1 and stats.open <= 2
+        for sock in (*old, young, *fresh, refused):
+            sock.close()
+
+
+def test_idle_and_header_timeouts(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(SCENARIO)
+    s.at(1)
+    limits = ServerLimits(idle_timeout=0.3, header_timeout=0.6)
+    with live_server(create_app(s.runner), limits=limits) as (port, server):
+        stats = pool_stats(server)
+        silent = _connect(port)
+        assert _closed_within(silent, 3) and stats.idle_closed == 1
+        slow = _connect(port)
+        slow.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")  # and never the blank line
+        time.sleep(0.4)
+        slow.sendall(b"x-trickle: 1\r\n")  # still trickling past the idle timeout
+        assert _closed_within(slow, 3) and stats.header_timeouts == 1
+        kept = _connect(port)
+        kept.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert kept.recv(4096).startswith(b"HTTP/1.1 200")
+        assert _closed_within(kept, 3) and stats.idle_closed == 2  # idle again after its answer
+        for sock in (silent, slow, kept):
+            sock.close()
+
+
+BIG = """
+gpus: {count: 32, model: H100-80GB-SXM}
+phases: [{name: p, duration: 100, gpu: {util: 0.5}}]
+"""
+
+
+def test_non_reading_clients_hold_one_slice_each_and_are_cut_off(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(BIG)
+    s.at(1)
+    body = s.runner.published.text
+    assert len(body) > 4 * SEND_BUFFER_BYTES  # more than the kernel buffers take (Linux doubles)
+    limits = ServerLimits(write_timeout=3.0)
+    with live_server(create_app(s.runner), limits=limits) as (port, server):
+        stalled = []
+        for _ in range(20):
+            sock = _connect(port, rcvbuf=4096)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\naccept-encoding: identity\r\n\r\n")
+            stalled.append(sock)
+        time.sleep(1.0)
+        buffered = [p.transport.get_write_buffer_size() for p in list(server.server_state.connections)]
+        assert len(buffered) == 20 and max(buffered) <= 2 * SLICE_BYTES, buffered
+        got = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"accept-encoding": "identity"})
+        assert got.content == body  # the same cached bytes, whole, to a client that reads
+        stats, deadline = pool_stats(server), time.monotonic() + 10
+        while stats.write_timeouts < 20 and time.monotonic() < deadline:  # without reading a byte
+            time.sleep(0.1)
+        assert stats.write_timeouts == 20 and stats.open == 0, stats
+        assert all(_closed_within(sock, 2) for sock in stalled)
+        for sock in stalled:
+            sock.close()
