@@ -148,6 +148,8 @@ class OomRisk:
     ratio: float
     reasons: tuple[str, ...] = ()
     time_to_full_seconds: float | None = None
+    taken_at: float = 0.0  # the frame the score (and its reasons) comes from
+    now_ratio: float | None = None  # this frame's own score, where `ratio` is smoothed
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -155,6 +157,7 @@ class OomRisk:
             "uuid": self.uuid,
             "target": self.target,
             "ratio": round(self.ratio, 4),
+            "now_ratio": None if self.now_ratio is None else round(self.now_ratio, 4),
             "reasons": list(self.reasons),
             "time_to_full_seconds": self.time_to_full_seconds,
         }

@@ -122,6 +122,10 @@ class Thresholds:
     # zero within about 13 minutes, or weaker reasons adding up. It clears after two minutes
     # below, since memory freed by a restart needs a moment to show in NVML.
     oom_finding_ratio: float = 0.6
+    # The exported score is the highest of the last minute (a windowed maximum): it rises
+    # at once and falls after a minute without the reason, so alerts on it do not flap
+    # with a storm in waves. The finding judges each frame's own score over its hold.
+    oom_smooth_s: float = 60.0
     oom_hold_s: float = 60.0
     oom_clear_s: float = 120.0
 
@@ -166,6 +170,13 @@ class Thresholds:
     itl_hold_s: float = 120.0
 
     # ---- output -----------------------------------------------------------------------
+    # Hold and clear are judged over windows, not on unbroken runs: a finding fires once
+    # its condition held for at least half of the hold time (and holds now), so a storm
+    # in waves (KV cache swinging 85-99 % every 30 s) fires while one burst shorter than
+    # the hold time does not. It clears once the condition held for at most a tenth of
+    # the clear time, so one stray sample does not keep a finding that is over.
+    hold_min_share: float = 0.5
+    clear_max_share: float = 0.1
     # Default clear time for rules without their own: a finding stays a minute after its
     # condition went away, so a slowly oscillating signal reads as one episode.
     clear_s: float = 60.0

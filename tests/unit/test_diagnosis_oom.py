@@ -139,3 +139,33 @@ def test_leak_becomes_a_finding_after_the_hold_time_with_evidence() -> None:
     assert f.subject.gpu == "0" and f.subject.target == engine().target
     names = [e.name for e in f.evidence]
     assert "time to full at the current trend" in names and "reason" in names
+
+
+def test_exported_score_is_a_windowed_max_that_does_not_flap() -> None:
+    # two processes share the GPU every other 10 s: the raw score flaps 0 <-> 0.3
+    d = Diagnoser()
+    exported, raw = [], []
+    for i in range(30):
+        shared = i % 2 == 0
+        g = replace(gpu(0), process_count=2 if shared else 1)
+        _, ratios, diagnosis = d.step(frame(i * 10.0, (g,), (engine(gpus=(0,)),)))
+        exported.append(ratios.items[0].ratio)
+        raw.append(diagnosis.oom_risks[0].now_ratio)
+    assert set(raw) == {0.0, DEFAULT.oom_shared_weight}
+    assert set(exported) == {DEFAULT.oom_shared_weight}
+    # reasons of the earlier frame travel with the score, saying when
+    _, _, diagnosis = d.step(frame(300.0, (gpu(0),), (engine(gpus=(0,)),)))
+    assert diagnosis.oom_risks[0].ratio == DEFAULT.oom_shared_weight
+    assert diagnosis.oom_risks[0].reasons[0].startswith("20 s ago: 2 processes share")
+    # a whole window without the reason: the score falls
+    quiet = [frame(300.0 + 10 * i, (gpu(0),), (engine(gpus=(0,)),)) for i in range(1, 8)]
+    for f in quiet:
+        _, ratios, _ = d.step(f)
+    assert ratios.items[0].ratio == 0.0
+
+
+def test_a_sudden_risk_is_exported_at_once() -> None:
+    d = Diagnoser()
+    d.step(frame(0.0, (gpu(0),), (engine(gpus=(0,)),)))
+    _, ratios, _ = d.step(frame(10.0, (replace(gpu(0), process_count=2),), (engine(gpus=(0,)),)))
+    assert ratios.items[0].ratio == DEFAULT.oom_shared_weight
