@@ -48,6 +48,7 @@ class Candidate:
     subject: Subject
     evidence: tuple[Evidence, ...] = ()
     detail: str = ""  # one line naming what was seen, e.g. "GPU 3 at 91 °C, sw_thermal"
+    advice: str = ""  # advice that follows this evidence; "" means the rule's own line
 
 
 Check = Callable[["Frame", "History", "Thresholds"], Iterable[Candidate]]
