@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 LAYERS = ("hardware", "kernel", "memory", "scheduling", "parallel", "decoding", "capacity")
 SEVERITIES = ("critical", "warning", "info")
 Scope = Literal["gpu", "engine", "gpu_engine"]
-Unit = Literal["ratio", "bytes", "seconds", "per_second", "bytes_per_second", "celsius", "watts", "count", ""]
+Unit = Literal[
+    "ratio", "bytes", "seconds", "per_second", "bytes_per_second", "celsius", "watts", "count", "id", ""
+]
 
 
 @dataclass(frozen=True)
@@ -285,7 +287,7 @@ class OomRiskRatio:
     ratio: float | None = gauge(
         "llmgpu_diagnosis_oom_risk_ratio",
         "Out-of-memory risk of the GPU and the engine on it, 0-1, from free-memory trend, "
-        "engine budget, KV pressure, allocator fragmentation and GPU sharing",
+        "engine budget, allocator fragmentation and GPU sharing (a full KV cache preempts, it is not a reason)",
     )
 
 

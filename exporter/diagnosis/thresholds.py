@@ -104,11 +104,10 @@ class Thresholds:
     oom_trend_window_s: float = 300.0
     oom_trend_min_span_s: float = 60.0
     oom_time_to_full_horizon_s: float = 1800.0
-    # Weights of the reasons, combined as 1 - prod(1 - w). Low headroom, KV pressure and
-    # GPU sharing stay below the finding alone and in pairs, all three together cross it;
-    # fragmentation crosses it with any other reason.
+    # Weights of the reasons, combined as 1 - prod(1 - w). Low headroom and GPU sharing
+    # stay below the finding alone and together; fragmentation crosses it with either.
+    # (A full KV cache is no reason: vLLM preallocates it, and a full cache preempts.)
     oom_low_headroom_weight: float = 0.3
-    oom_kv_weight: float = 0.4
     oom_fragmentation_weight: float = 0.5
     oom_shared_weight: float = 0.3
     # Fragmentation (allocator probe): the largest free block must fit an activation

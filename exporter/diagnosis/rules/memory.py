@@ -39,7 +39,7 @@ def oom_risk(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
     for risk in oom_risks(frame, history, th):
         if risk.ratio < th.oom_finding_ratio:
             continue
-        ev = [Evidence("OOM risk", risk.ratio, "ratio", f">= {_pct(th.oom_finding_ratio)}")]
+        ev = [Evidence("OOM risk (this sample)", risk.ratio, "ratio", f">= {_pct(th.oom_finding_ratio)}")]
         if risk.time_to_full_seconds is not None:
             ev.append(Evidence("time to full at the current trend", risk.time_to_full_seconds, "seconds"))
         ev.extend(Evidence("reason", r) for r in risk.reasons)
@@ -124,7 +124,7 @@ def allocator_fragmentation(frame: Frame, history: History, th: Th) -> Iterator[
             yield Candidate(
                 gpu_subject(g),
                 (
-                    Evidence("process", a.pid, "count"),
+                    Evidence("process (pid)", a.pid, "id"),
                     Evidence("free inside reserved segments", a.free_bytes, "bytes"),
                     Evidence(
                         "largest free block",
