@@ -153,6 +153,10 @@ class EngineFrame:
     estimated_flops_per_gpu_total: float | None = None
     estimated_read_bytes_per_gpu_total: float | None = None
     cpu_numa_nodes: tuple[int, ...] | None = None  # NUMA nodes of the engine's CPUs
+    waiting_deferred: float | None = None  # waiting for LoRA budget, KV transfer... (vLLM)
+    max_num_seqs: int | None = None  # declared with the target; None: unknown
+    max_num_batched_tokens: int | None = None
+    kv_cache_max_concurrency: float | None = None  # full-length requests the KV cache holds
 
 
 @dataclass(frozen=True)
@@ -323,6 +327,10 @@ def _engine(t: EngineTargetReading, gpus: tuple[int, ...], uuids: tuple[str, ...
         estimated_flops_per_gpu_total=_sum(s.estimated_flops_per_gpu for s in series),
         estimated_read_bytes_per_gpu_total=_sum(s.estimated_read_bytes_per_gpu for s in series),
         cpu_numa_nodes=tuple(numa) if numa is not None else None,
+        waiting_deferred=_sum((s.requests_waiting_by_reason or {}).get("deferred") for s in series),
+        max_num_seqs=t.max_num_seqs,
+        max_num_batched_tokens=t.max_num_batched_tokens,
+        kv_cache_max_concurrency=_sum(s.kv_cache_max_concurrency for s in series),
     )
 
 

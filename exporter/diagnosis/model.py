@@ -287,7 +287,8 @@ class OomRiskRatio:
     ratio: float | None = gauge(
         "llmgpu_diagnosis_oom_risk_ratio",
         "Out-of-memory risk of the GPU and the engine on it, 0-1, from free-memory trend, "
-        "engine budget, allocator fragmentation and GPU sharing (a full KV cache preempts, it is not a reason)",
+        "engine budget, allocator fragmentation and GPU sharing (a full KV cache preempts, "
+        "it is not a reason)",
     )
 
 

@@ -136,6 +136,9 @@ class Thresholds:
     queue_sm_active_max_ratio: float = 0.5
     queue_kv_usage_max_ratio: float = 0.8
     queue_hold_s: float = 120.0
+    # A limit binds the queue when running requests reach 90 % of it (max_num_seqs, the
+    # KV cache's full-length concurrency): the scheduler admits nothing more.
+    queue_limit_near_ratio: float = 0.9
     # A Python API server cannot use more than one core (GIL); at 90 % of one core it is
     # the bottleneck for tokenisation, detokenisation and streaming.
     api_cpu_min_ratio: float = 0.9

@@ -469,3 +469,38 @@ def test_sm_imbalance_calls_hot_ranks_at_full_clock_extra_work() -> None:
     group = _group(0.45, 0.45, 0.92, 0.45, 0.45, 0.45, 0.91, 0.45)
     f = _finding_of("parallel/sm_imbalance", _tp_frames(group))
     assert "GPU 2, GPU 6" in f.advice and "experts" in f.advice
+
+
+def _queue(**engine_fields: Any) -> Any:
+    idle = tuple(replace(gpu(i), sm_active_ratio=0.2) for i in range(2))
+    base: dict[str, Any] = dict(waiting=40.0, running=17.0, kv_usage_ratio=0.3, api_server_cpu_ratio=0.3)
+    base.update(engine_fields)
+    frames = [with_engine(t, gpus=idle, **base) for t in range(0, 181, 10)]
+    return _finding_of("scheduling/queue_with_idle_gpu", frames)
+
+
+def test_queue_advice_does_not_raise_max_num_seqs_while_17_of_256_run() -> None:
+    f = _queue(max_num_seqs=256, kv_cache_max_concurrency=120.0)
+    assert "raise max_num_seqs" not in f.advice.lower()
+    assert "17 of max_num_seqs 256" in f.advice and "No reported limit binds" in f.advice
+    ev = {e.name: e.value for e in f.evidence}
+    assert ev["running"] == 17.0 and ev["max_num_seqs"] == 256
+    assert ev["KV cache holds (full-length requests)"] == 120.0
+
+
+def test_queue_advice_raises_max_num_seqs_when_it_binds() -> None:
+    f = _queue(running=250.0, max_num_seqs=256)
+    assert "raise max_num_seqs" in f.advice
+
+
+def test_queue_advice_says_what_is_unknown() -> None:
+    f = _queue()
+    assert "max_num_seqs unknown" in f.advice
+    ev = {e.name: e.value for e in f.evidence}
+    assert str(ev["max_num_seqs"]).startswith("unknown")
+
+
+def test_queue_advice_names_the_api_server_or_deferred_requests() -> None:
+    assert "API server" in _queue(api_server_cpu_ratio=0.97, max_num_seqs=256).advice
+    assert "deferred" in _queue(waiting_deferred=30.0).advice
+    assert "KV cache's 18 full-length" in _queue(kv_cache_max_concurrency=18.0).advice
