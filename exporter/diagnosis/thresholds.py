@@ -93,6 +93,11 @@ class Thresholds:
     kv_usage_min_ratio: float = 0.95
     kv_preemptions_min_per_second: float = 0.05
     kv_hold_s: float = 60.0
+    # With nothing running or waiting, vLLM's KV usage falls to about 0: finished
+    # requests' blocks go back to the free queue (prefix-cached ones stay evictable and
+    # count as free). 10 % still in use after two idle minutes is a leak.
+    kv_leak_min_ratio: float = 0.1
+    kv_leak_hold_s: float = 120.0
     # OOM risk. Free framebuffer below 5 % of the total counts as low headroom: vLLM at
     # its default gpu_memory_utilization 0.9 leaves 10 %, so that alone stays quiet.
     oom_free_margin_ratio: float = 0.05

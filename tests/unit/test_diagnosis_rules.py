@@ -504,3 +504,12 @@ def test_queue_advice_names_the_api_server_or_deferred_requests() -> None:
     assert "API server" in _queue(api_server_cpu_ratio=0.97, max_num_seqs=256).advice
     assert "deferred" in _queue(waiting_deferred=30.0).advice
     assert "KV cache's 18 full-length" in _queue(kv_cache_max_concurrency=18.0).advice
+
+
+def test_kv_cache_leak_edges() -> None:
+    m = TH.kv_leak_min_ratio
+    assert fires("memory/kv_cache_leak", [with_engine(running=0.0, waiting=0.0, kv_usage_ratio=m)])
+    assert not fires("memory/kv_cache_leak", [with_engine(running=0.0, waiting=0.0, kv_usage_ratio=m - EPS)])
+    # busy engines use their cache: no verdict
+    assert not fires("memory/kv_cache_leak", [with_engine(running=1.0, waiting=0.0, kv_usage_ratio=0.9)])
+    assert not fires("memory/kv_cache_leak", [with_engine(running=0.0, waiting=3.0, kv_usage_ratio=0.9)])
