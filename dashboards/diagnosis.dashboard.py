@@ -131,7 +131,7 @@ oom = Row(
         timeseries(
             "OOM-risk score",
             "Out-of-memory risk per GPU and engine, 0-1, combining free-memory trend, usage over "
-            "the engine's budget, KV pressure, allocator fragmentation and GPU sharing "
+            "the engine's budget, allocator fragmentation and GPU sharing "
             "(1 - product of 1 - weight). The dashed line is the finding level.",
             [q(f"llmgpu_diagnosis_oom_risk_ratio{{{GPU}}}", "GPU {{gpu}} {{target}}")],
             unit="percentunit",

@@ -2,9 +2,10 @@
 
 It is an enricher: `Diagnoser()(snapshot)` returns the finding states (every rule x
 subject, 0 or 1), the OOM-risk ratios, and a `Diagnosis` for the page, the JSON API and
-the CLI. A rule's condition must hold for the rule's hold time before its finding fires,
-and be absent for its clear time before the finding clears; both are measured on
-`Snapshot.taken_at`, so a simulation played fast behaves as it would in real time.
+the CLI. Hold and clear are judged over windows (`step_state`): a finding fires when its
+condition held for most of the rule's hold time, and clears when it was nearly absent
+for its clear time; both are measured on `Snapshot.taken_at`, so a simulation played
+fast behaves as it would in real time.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from exporter.diagnosis.fmt import duration
 from exporter.diagnosis.frame import EngineFrame, Frame, GpuFrame, frame_of
 from exporter.diagnosis.history import History
 from exporter.diagnosis.model import (
@@ -24,6 +26,7 @@ from exporter.diagnosis.model import (
     Finding,
     FindingState,
     FindingStates,
+    OomRisk,
     OomRiskRatio,
     OomRiskRatios,
     Rule,
@@ -39,33 +42,79 @@ from exporter.snapshot import Snapshot
 
 @dataclass
 class _State:
-    """Hold/clear bookkeeping of one rule on one subject."""
+    """Hold/clear bookkeeping of one rule on one subject.
 
-    true_since: float | None = None  # start of the current run of true samples
-    false_since: float | None = None  # start of the current run of false samples (while active)
+    `changes` keeps the times the condition flipped (a sample's value holds until the
+    next sample), trimmed to the longer of the hold and clear windows: enough to say
+    which share of either window the condition held.
+    """
+
+    changes: deque[tuple[float, bool]] = field(default_factory=deque)
+    episode_since: float | None = None  # first true sample of the current episode
+    on: bool = False  # the condition at the latest sample
     active: bool = False
     active_since: float = 0.0
     candidate: Candidate | None = None  # the last time the condition held
 
 
-def step_state(state: _State, now: float, candidate: Candidate | None, hold_s: float, clear_s: float) -> None:
-    """Advance one rule x subject by one sample taken at `now`."""
-    if candidate is not None:
+def true_share(changes: deque[tuple[float, bool]], now: float, window: float) -> float:
+    """Share of the last `window` seconds the condition held (sample and hold)."""
+    if window <= 0:
+        return 1.0 if changes and changes[-1][1] else 0.0
+    start, held = now - window, 0.0
+    points = list(changes)
+    for i, (t, on) in enumerate(points):
+        if not on:
+            continue
+        end = points[i + 1][0] if i + 1 < len(points) else now
+        held += max(0.0, min(end, now) - max(t, start))
+    return held / window
+
+
+def step_state(
+    state: _State,
+    now: float,
+    candidate: Candidate | None,
+    hold_s: float,
+    clear_s: float,
+    hold_share: float = DEFAULT.hold_min_share,
+    clear_share: float = DEFAULT.clear_max_share,
+) -> None:
+    """Advance one rule x subject by one sample taken at `now`.
+
+    A finding fires once its episode (the run of samples since the condition first held,
+    not ended by a whole hold window without it) is `hold_s` old, the condition holds now
+    and held for at least `hold_share` of the last `hold_s`. It clears once the condition
+    held for at most `clear_share` of the last `clear_s` and not now. A periodic storm
+    thus fires and stays; one burst shorter than the hold time never fires. Event rules
+    (hold 0, clear 0) fire on one sample and clear on the first sample without it.
+    """
+    on = candidate is not None
+    state.on = on
+    if on:
         state.candidate = candidate
-        state.false_since = None
-        if state.true_since is None:
-            state.true_since = now
-        if not state.active and now - state.true_since >= hold_s:
-            state.active = True
-            state.active_since = now
-    else:
-        state.true_since = None
-        if state.active:
-            if state.false_since is None:
-                state.false_since = now
-            if now - state.false_since >= clear_s:
-                state.active = False
-                state.false_since = None
+    if not state.changes or state.changes[-1][1] != on:
+        state.changes.append((now, on))
+    window = max(hold_s, clear_s)
+    while len(state.changes) >= 2 and state.changes[1][0] <= now - window:
+        state.changes.popleft()  # the value at the window's start is the one kept
+    if state.active:
+        if not on and (clear_s <= 0 or true_share(state.changes, now, clear_s) <= clear_share):
+            state.active = False
+            state.episode_since = None
+        return
+    if on and state.episode_since is None:
+        state.episode_since = now
+    elif not on and state.episode_since is not None and true_share(state.changes, now, hold_s) <= 0:
+        state.episode_since = None  # a whole hold window without it: the episode is over
+    if (
+        on
+        and state.episode_since is not None
+        and now - state.episode_since >= hold_s
+        and (hold_s <= 0 or true_share(state.changes, now, hold_s) >= hold_share)
+    ):
+        state.active = True
+        state.active_since = now
 
 
 # Per-GPU and per-engine trend charts: (title, unit, getter).
@@ -147,6 +196,7 @@ class Diagnoser:
         self.history = History(history_seconds)
         self._states: dict[tuple[str, str, str], _State] = {}
         self._lock = threading.Lock()
+        self._risks: dict[tuple[str, str], deque[OomRisk]] = {}
         self._trends = _Trends(max(1.0, history_seconds / thresholds.trend_points), thresholds.trend_points)
         self.latest: Diagnosis | None = None
 
@@ -175,7 +225,8 @@ class Diagnoser:
                 key = (rule.id, *subject.key)
                 seen.add(key)
                 state = self._states.setdefault(key, _State())
-                step_state(state, now, candidates.get(subject.key), hold, clear)
+                candidate = candidates.get(subject.key)
+                step_state(state, now, candidate, hold, clear, th.hold_min_share, th.clear_max_share)
                 states.append(
                     FindingState(
                         rule.layer, rule.name, rule.severity, subject.gpu, subject.target, int(state.active)
@@ -186,7 +237,7 @@ class Diagnoser:
         for key in [k for k in self._states if k not in seen]:
             del self._states[key]
 
-        risks = oom_risks(frame, self.history, th)
+        risks = self._smoothed(oom_risks(frame, self.history, th), now)
         worst: dict[str, float] = {}
         for r in risks:
             worst[r.gpu] = max(r.ratio, worst.get(r.gpu, 0.0))
@@ -212,7 +263,33 @@ class Diagnoser:
     def reset(self) -> None:
         self.history.clear()
         self._states.clear()
+        self._risks.clear()
         self._trends.series.clear()
+
+    def _smoothed(self, risks: list[OomRisk], now: float) -> list[OomRisk]:
+        """Each score as the highest of the last `oom_smooth_s`, with that moment's reasons.
+
+        A windowed maximum rises with the first bad frame (an imminent OOM is not delayed
+        the way a moving average would delay it) and falls only after a whole window
+        without it, so a storm in waves reads as one steady score instead of 0-0.4-0.
+        """
+        window = self.thresholds.oom_smooth_s
+        out, seen = [], set()
+        for r in risks:
+            key = (r.gpu, r.target)
+            seen.add(key)
+            past = self._risks.setdefault(key, deque())
+            past.append(replace(r, taken_at=now))
+            while past and past[0].taken_at < now - window:
+                past.popleft()
+            top = max(past, key=lambda x: (x.ratio, x.taken_at))
+            if top.taken_at < now and top.ratio > r.ratio:
+                ago = duration(now - top.taken_at)
+                top = replace(top, reasons=tuple(f"{ago} ago: {x}" for x in top.reasons))
+            out.append(replace(top, taken_at=now, now_ratio=r.ratio))
+        for key in [k for k in self._risks if k not in seen]:
+            del self._risks[key]
+        return out
 
     # ---- page material -------------------------------------------------------------
 
@@ -325,9 +402,9 @@ def _finding(rule: Rule, subject: Subject, state: _State, names: dict[tuple[str,
         subject_name=names.get(subject.key, subject.gpu or subject.target),
         title=rule.title,
         detail=c.detail,
-        advice=rule.advice,
+        advice=c.advice or rule.advice,
         evidence=c.evidence,
         active_since=state.active_since,
-        condition_since=state.true_since if state.true_since is not None else state.active_since,
-        clearing=state.false_since is not None,
+        condition_since=state.episode_since if state.episode_since is not None else state.active_since,
+        clearing=not state.on,
     )

@@ -13,9 +13,9 @@ def value_text(value: float | str | None, unit: str) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return "∞" if value > 0 else "n/a"
     if unit == "ratio":
-        if value == 0 or abs(value) >= 0.1:
-            return f"{value * 100:.0f} %"
-        return f"{value * 100:.1f} %"
+        return percent(value)
+    if unit == "id":  # a pid, a NUMA node, an index: the number itself, never "4.0 M"
+        return str(int(value))
     if unit == "bytes":
         return _binary(value)
     if unit == "bytes_per_second":
@@ -29,6 +29,18 @@ def value_text(value: float | str | None, unit: str) -> str:
     if unit == "watts":
         return f"{value:.0f} W"
     return _short(value)
+
+
+def percent(value: float) -> str:
+    """Whole percent, with one decimal under 10 % and where rounding would claim 0 or 100 %.
+
+    The one place ratios become text, so a score and the evidence behind it read alike.
+    """
+    pct = value * 100
+    whole = f"{pct:.0f}"
+    if value == 0 or (abs(pct) >= 10 and whole not in ("100", "-100")) or abs(value) >= 1:
+        return f"{whole} %"
+    return f"{pct:.1f} %"
 
 
 def _short(v: float) -> str:

@@ -14,6 +14,7 @@ from functools import cached_property
 from types import MappingProxyType
 
 from exporter.allocator_readings import AllocatorProbes
+from exporter.diagnosis.pidns import ns_pids
 from exporter.engines.readings import EngineGpus, Engines, EngineSeries, EngineTargetReading
 from exporter.gpu_readings import (
     Clocks,
@@ -45,7 +46,7 @@ def short_target(target: str) -> str:
 class AllocFrame:
     """One process' PyTorch caching allocator, as the allocator probe reports it."""
 
-    pid: int
+    pid: int  # in the probe's own pid namespace
     reserved_bytes: float | None = None
     allocated_bytes: float | None = None
     free_bytes: float | None = None  # free inside reserved segments
@@ -53,6 +54,8 @@ class AllocFrame:
     fragmentation_ratio: float | None = None
     alloc_retries_total: float | None = None
     ooms_total: float | None = None
+    pid_namespace: str | None = None  # "pid:[4026532000]", as the probe reports it
+    uuid: str = ""  # the GPU (or MIG instance) the probe's process runs on
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +133,7 @@ class EngineFrame:
     gpus: tuple[int, ...] = ()
     gpu_uuids: tuple[str, ...] = ()  # the GPUs' (or MIG instances') UUIDs, when known
     pids: frozenset[int] = frozenset()
+    ns_pids: frozenset[tuple[str, int]] = frozenset()  # the same processes inside their pid namespace
     running: float | None = None
     waiting: float | None = None
     kv_usage_ratio: float | None = None
@@ -149,6 +153,10 @@ class EngineFrame:
     estimated_flops_per_gpu_total: float | None = None
     estimated_read_bytes_per_gpu_total: float | None = None
     cpu_numa_nodes: tuple[int, ...] | None = None  # NUMA nodes of the engine's CPUs
+    waiting_deferred: float | None = None  # waiting for LoRA budget, KV transfer... (vLLM)
+    max_num_seqs: int | None = None  # declared with the target; None: unknown
+    max_num_batched_tokens: int | None = None
+    kv_cache_max_concurrency: float | None = None  # full-length requests the KV cache holds
 
 
 @dataclass(frozen=True)
@@ -304,6 +312,7 @@ def _engine(t: EngineTargetReading, gpus: tuple[int, ...], uuids: tuple[str, ...
         gpus=gpus,
         gpu_uuids=uuids,
         pids=t.pids,
+        ns_pids=ns_pids(t.pids),
         running=_sum(s.requests_running for s in series),
         waiting=_sum(s.requests_waiting for s in series),
         kv_usage_ratio=_max(s.kv_cache_usage_ratio for s in series),
@@ -323,6 +332,10 @@ def _engine(t: EngineTargetReading, gpus: tuple[int, ...], uuids: tuple[str, ...
         estimated_flops_per_gpu_total=_sum(s.estimated_flops_per_gpu for s in series),
         estimated_read_bytes_per_gpu_total=_sum(s.estimated_read_bytes_per_gpu for s in series),
         cpu_numa_nodes=tuple(numa) if numa is not None else None,
+        waiting_deferred=_sum((s.requests_waiting_by_reason or {}).get("deferred") for s in series),
+        max_num_seqs=t.max_num_seqs,
+        max_num_batched_tokens=t.max_num_batched_tokens,
+        kv_cache_max_concurrency=_sum(s.kv_cache_max_concurrency for s in series),
     )
 
 
@@ -349,6 +362,7 @@ def _allocators(snapshot: Snapshot) -> dict[int, tuple[AllocFrame, ...]]:
     """Allocator probe readings by GPU index (processes the probe could place on a GPU)."""
     out: dict[int, list[AllocFrame]] = {}
     for probes in snapshot.all(AllocatorProbes):
+        namespaces = {(r.pid, r.uuid or ""): r.pid_namespace for r in probes.reports}
         for p in probes.processes:
             if not p.gpu.isdigit():
                 continue
@@ -362,6 +376,8 @@ def _allocators(snapshot: Snapshot) -> dict[int, tuple[AllocFrame, ...]]:
                     fragmentation_ratio=p.fragmentation_ratio,
                     alloc_retries_total=_f(p.alloc_retries),
                     ooms_total=_f(p.ooms),
+                    pid_namespace=namespaces.get((p.pid, p.uuid)),
+                    uuid=p.uuid,
                 )
             )
     return {k: tuple(v) for k, v in out.items()}

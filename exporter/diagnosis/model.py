@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 LAYERS = ("hardware", "kernel", "memory", "scheduling", "parallel", "decoding", "capacity")
 SEVERITIES = ("critical", "warning", "info")
 Scope = Literal["gpu", "engine", "gpu_engine"]
-Unit = Literal["ratio", "bytes", "seconds", "per_second", "bytes_per_second", "celsius", "watts", "count", ""]
+Unit = Literal[
+    "ratio", "bytes", "seconds", "per_second", "bytes_per_second", "celsius", "watts", "count", "id", ""
+]
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class Candidate:
     subject: Subject
     evidence: tuple[Evidence, ...] = ()
     detail: str = ""  # one line naming what was seen, e.g. "GPU 3 at 91 °C, sw_thermal"
+    advice: str = ""  # advice that follows this evidence; "" means the rule's own line
 
 
 Check = Callable[["Frame", "History", "Thresholds"], Iterable[Candidate]]
@@ -148,6 +151,8 @@ class OomRisk:
     ratio: float
     reasons: tuple[str, ...] = ()
     time_to_full_seconds: float | None = None
+    taken_at: float = 0.0  # the frame the score (and its reasons) comes from
+    now_ratio: float | None = None  # this frame's own score, where `ratio` is smoothed
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -155,6 +160,7 @@ class OomRisk:
             "uuid": self.uuid,
             "target": self.target,
             "ratio": round(self.ratio, 4),
+            "now_ratio": None if self.now_ratio is None else round(self.now_ratio, 4),
             "reasons": list(self.reasons),
             "time_to_full_seconds": self.time_to_full_seconds,
         }
@@ -281,7 +287,8 @@ class OomRiskRatio:
     ratio: float | None = gauge(
         "llmgpu_diagnosis_oom_risk_ratio",
         "Out-of-memory risk of the GPU and the engine on it, 0-1, from free-memory trend, "
-        "engine budget, KV pressure, allocator fragmentation and GPU sharing",
+        "engine budget, allocator fragmentation and GPU sharing (a full KV cache preempts, "
+        "it is not a reason)",
     )
 
 

@@ -8,13 +8,15 @@ likely is each of:
 * trend: free memory falling while the engine is already beyond its budget (or the
   headroom is gone), scored by the time to full from a least-squares fit;
 * budget: usage beyond the engine's own `gpu_memory_utilization` share;
-* KV pressure: KV cache at capacity with preemptions (vLLM preempts before it OOMs, but
-  preemption storms come with recompute spikes);
 * fragmentation: the allocator holds free memory only in blocks smaller than a typical
   request, or it had to retry allocations; an allocator OOM already counted scores 1;
 * sharing: several processes on one GPU (outside MIG), each unaware of the other's budget.
 
 Reasons combine like independent probabilities: risk = 1 - prod(1 - weight_i).
+
+A full KV cache is not among them: vLLM allocates its KV cache up front, inside its
+budget, and a full cache makes it preempt sequences, not run out of memory. That has its
+own finding, `memory/kv_cache_saturated`.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from exporter.diagnosis.fmt import duration, value_text
-from exporter.diagnosis.frame import EngineFrame, Frame, GpuFrame, MigFrame
-from exporter.diagnosis.history import History, increase, rate, slope
+from exporter.diagnosis.frame import AllocFrame, EngineFrame, Frame, GpuFrame, MigFrame
+from exporter.diagnosis.history import History, increase, slope
 from exporter.diagnosis.model import OomRisk
 from exporter.diagnosis.thresholds import Thresholds
 
@@ -111,22 +113,7 @@ def gpu_engine_risk(
             else:
                 ttf = None
 
-    if e is not None:
-        pre = e.preemptions_per_second
-        if pre is None:
-            pre = rate(history.engine_series(e.target, lambda x: x.preemptions_total, th.rate_window_s))
-        if (
-            e.kv_usage_ratio is not None
-            and e.kv_usage_ratio >= th.kv_usage_min_ratio
-            and pre is not None
-            and pre >= th.kv_preemptions_min_per_second
-        ):
-            weights.append(th.oom_kv_weight)
-            reasons.append(
-                f"KV cache {value_text(e.kv_usage_ratio, 'ratio')} full with {pre:.2f} preemptions/s"
-            )
-
-    allocators = [a for a in g.allocators if e is None or not e.pids or a.pid in e.pids]
+    allocators = [a for a in g.allocators if e is None or probe_of(a, e, engines)]
     for a in allocators:
         ooms = history.gpu_series(g.index, _alloc_getter(a.pid, "ooms_total"), th.oom_trend_window_s)
         retries = history.gpu_series(
@@ -167,6 +154,29 @@ def gpu_engine_risk(
         reasons=tuple(reasons),
         time_to_full_seconds=None if ttf is None else round(ttf, 1),
     )
+
+
+def probe_of(a: AllocFrame, e: EngineFrame, engines: list[EngineFrame]) -> bool:
+    """Whether an allocator probe's process is one of the engine's.
+
+    By pid where the probe shares a pid namespace with the engine's processes as the
+    scraper knows them (a host process, or the simulator's); else by (namespace, pid) as
+    /proc maps the engine's host pids into their container's namespace. A probe neither
+    can place (no /proc access, say) belongs to the engine on its GPU when exactly one
+    engine runs there.
+    """
+    key = (a.pid_namespace or "", a.pid)
+    if key in e.ns_pids:
+        return True
+    if any(key in x.ns_pids for x in engines):
+        return False  # another engine's process
+    if a.pid in e.pids and (not e.ns_pids or a.pid_namespace is None):
+        return True  # nothing to map with: the pids as the scraper knows them
+    if not e.pids:
+        return True  # an engine without known processes: every probe on its GPU
+    claimed = any(a.pid in x.pids and (not x.ns_pids or a.pid_namespace is None) for x in engines)
+    on_gpu = [x for x in engines if a.uuid and a.uuid in x.gpu_uuids]
+    return not claimed and len(on_gpu) == 1 and on_gpu[0] is e
 
 
 def _budget(history: History, e: EngineFrame) -> float | None:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from exporter.diagnosis.fmt import duration
+from exporter.diagnosis.fmt import duration, value_text
 from exporter.diagnosis.frame import short_target
 
 WIDTH = 100
@@ -68,9 +68,9 @@ def render_text(diagnosis_json: Mapping[str, Any], *, color: bool = False) -> st
             if float(r.get("ratio", 0.0)) <= 0:
                 continue
             who = f"GPU {r.get('gpu')}" + (f" / {short_target(str(r['target']))}" if r.get("target") else "")
-            pct = float(r.get("ratio", 0.0)) * 100
-            bar = "#" * round(pct / 5)
-            out.append(f"  {who:<40} {pct:5.1f} % {bar}")
+            ratio = float(r.get("ratio", 0.0))
+            bar = "#" * round(ratio * 20)
+            out.append(f"  {who:<40} {value_text(ratio, 'ratio'):>7} {bar}")
             for reason in r.get("reasons", []):
                 out.append(f"  {'':<40}   - {reason}")
         quiet = sum(1 for r in risks if float(r.get("ratio", 0.0)) <= 0)

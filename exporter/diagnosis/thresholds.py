@@ -93,6 +93,11 @@ class Thresholds:
     kv_usage_min_ratio: float = 0.95
     kv_preemptions_min_per_second: float = 0.05
     kv_hold_s: float = 60.0
+    # With nothing running or waiting, vLLM's KV usage falls to about 0: finished
+    # requests' blocks go back to the free queue (prefix-cached ones stay evictable and
+    # count as free). 10 % still in use after two idle minutes is a leak.
+    kv_leak_min_ratio: float = 0.1
+    kv_leak_hold_s: float = 120.0
     # OOM risk. Free framebuffer below 5 % of the total counts as low headroom: vLLM at
     # its default gpu_memory_utilization 0.9 leaves 10 %, so that alone stays quiet.
     oom_free_margin_ratio: float = 0.05
@@ -104,11 +109,10 @@ class Thresholds:
     oom_trend_window_s: float = 300.0
     oom_trend_min_span_s: float = 60.0
     oom_time_to_full_horizon_s: float = 1800.0
-    # Weights of the reasons, combined as 1 - prod(1 - w). Low headroom, KV pressure and
-    # GPU sharing stay below the finding alone and in pairs, all three together cross it;
-    # fragmentation crosses it with any other reason.
+    # Weights of the reasons, combined as 1 - prod(1 - w). Low headroom and GPU sharing
+    # stay below the finding alone and together; fragmentation crosses it with either.
+    # (A full KV cache is no reason: vLLM preallocates it, and a full cache preempts.)
     oom_low_headroom_weight: float = 0.3
-    oom_kv_weight: float = 0.4
     oom_fragmentation_weight: float = 0.5
     oom_shared_weight: float = 0.3
     # Fragmentation (allocator probe): the largest free block must fit an activation
@@ -122,6 +126,10 @@ class Thresholds:
     # zero within about 13 minutes, or weaker reasons adding up. It clears after two minutes
     # below, since memory freed by a restart needs a moment to show in NVML.
     oom_finding_ratio: float = 0.6
+    # The exported score is the highest of the last minute (a windowed maximum): it rises
+    # at once and falls after a minute without the reason, so alerts on it do not flap
+    # with a storm in waves. The finding judges each frame's own score over its hold.
+    oom_smooth_s: float = 60.0
     oom_hold_s: float = 60.0
     oom_clear_s: float = 120.0
 
@@ -133,6 +141,9 @@ class Thresholds:
     queue_sm_active_max_ratio: float = 0.5
     queue_kv_usage_max_ratio: float = 0.8
     queue_hold_s: float = 120.0
+    # A limit binds the queue when running requests reach 90 % of it (max_num_seqs, the
+    # KV cache's full-length concurrency): the scheduler admits nothing more.
+    queue_limit_near_ratio: float = 0.9
     # A Python API server cannot use more than one core (GIL); at 90 % of one core it is
     # the bottleneck for tokenisation, detokenisation and streaming.
     api_cpu_min_ratio: float = 0.9
@@ -166,6 +177,13 @@ class Thresholds:
     itl_hold_s: float = 120.0
 
     # ---- output -----------------------------------------------------------------------
+    # Hold and clear are judged over windows, not on unbroken runs: a finding fires once
+    # its condition held for at least half of the hold time (and holds now), so a storm
+    # in waves (KV cache swinging 85-99 % every 30 s) fires while one burst shorter than
+    # the hold time does not. It clears once the condition held for at most a tenth of
+    # the clear time, so one stray sample does not keep a finding that is over.
+    hold_min_share: float = 0.5
+    clear_max_share: float = 0.1
     # Default clear time for rules without their own: a finding stays a minute after its
     # condition went away, so a slowly oscillating signal reads as one episode.
     clear_s: float = 60.0

@@ -123,6 +123,7 @@ CACHE_CONFIG_KEYS = frozenset(
         "kv_cache_memory_bytes",
         "swap_space_bytes",
         "kv_cache_size_tokens",
+        "kv_cache_max_concurrency",
         "sliding_window",
         "max_total_num_tokens",
     }

@@ -214,6 +214,11 @@ class EngineSeries:
         return None if value is None else int(value)
 
     @property
+    def kv_cache_max_concurrency(self) -> float | None:
+        """Requests of the full context length the KV cache holds at once (vLLM 0.32)."""
+        return _number((self.cache_config or {}).get("kv_cache_max_concurrency"))
+
+    @property
     def block_size(self) -> int | None:
         value = _number((self.cache_config or {}).get("block_size"))
         return None if value is None else int(value)
@@ -281,6 +286,8 @@ class EngineTargetReading:
     source: str = "static"  # static, process, kubernetes
     pids: frozenset[int] = field(default_factory=frozenset)  # the engine's process tree
     cpu_numa_nodes: tuple[int, ...] | None = None  # NUMA nodes its GPU-driving CPUs are on
+    max_num_seqs: int | None = None  # declared with the target: vLLM does not report it
+    max_num_batched_tokens: int | None = None
     last_error: str | None = None
     scraped_at: float | None = None  # Context.clock of the last good scrape
 

@@ -200,6 +200,7 @@ class EngineScraper:
         target = state.target
         if target.pids:  # known pids (the simulator's): nothing to inspect
             state.tree = dict.fromkeys(target.pids)
+            state.numa = target.numa_nodes
             return
         mono = time.monotonic()
         root = next((p for p, r in state.tree.items() if r == "api_server"), None)
@@ -267,6 +268,8 @@ class EngineScraper:
             source=state.target.source,
             pids=frozenset(state.tree),
             cpu_numa_nodes=state.numa,
+            max_num_seqs=state.target.max_num_seqs,
+            max_num_batched_tokens=state.target.max_num_batched_tokens,
             last_error=str(error) if error else None,
             scraped_at=now if error is None else (state.reading.scraped_at if state.reading else None),
         )

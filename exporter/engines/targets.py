@@ -7,6 +7,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from exporter.engines.readings import ENGINE_KINDS
 
+FRAGMENT_KEYS = ("pids", "numa", "max_num_seqs", "max_num_batched_tokens")
 LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0", "::", ""})
 
 
@@ -33,6 +34,10 @@ class Target:
     namespace: str | None = None
     pod: str | None = None
     pod_uid: str | None = None
+    # what the engine does not report about itself, declared with the target
+    numa_nodes: tuple[int, ...] | None = None  # NUMA nodes of its CPUs (known pids only)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
 
     @property
     def name(self) -> str:
@@ -65,7 +70,10 @@ def parse_spec(spec: str, source: str = "static") -> Target:
     """A target from the `engines` setting or `--engine`: ``[TYPE=]URL``.
 
     URL may omit the scheme (http) and the path (/metrics). The fragment may carry known
-    process ids, ``#pids=4000000,4000001``: the simulator passes its engines that way.
+    process ids, ``#pids=4000000,4000001``: the simulator passes its engines that way;
+    and, joined with ``&``, what the engine does not report about itself: ``numa=0,1``
+    (the NUMA nodes of its CPUs, with known pids), ``max_num_seqs=256``,
+    ``max_num_batched_tokens=8192``.
     """
     text = spec.strip()
     if not text:
@@ -85,22 +93,46 @@ def parse_spec(spec: str, source: str = "static") -> Target:
         _ = parts.port
     except ValueError as err:
         raise TargetError(f"engine target {spec!r}: {err}") from None
-    pids: tuple[int, ...] = ()
-    if parts.fragment:
-        key, _, values = parts.fragment.partition("=")
-        if key != "pids":
-            raise TargetError(f"engine target {spec!r}: unknown fragment {parts.fragment!r}")
+    values: dict[str, tuple[int, ...]] = {}
+    for item in filter(None, parts.fragment.split("&")):
+        key, _, text_values = item.partition("=")
+        if key not in FRAGMENT_KEYS:
+            raise TargetError(f"engine target {spec!r}: unknown fragment {item!r}")
         try:
-            pids = tuple(int(p) for p in values.split(",") if p)
+            values[key] = tuple(int(p) for p in text_values.split(",") if p)
         except ValueError:
-            raise TargetError(f"engine target {spec!r}: pids must be integers") from None
+            raise TargetError(f"engine target {spec!r}: {key} must be integers") from None
+        if key.startswith("max_") and len(values[key]) != 1:
+            raise TargetError(f"engine target {spec!r}: {key} takes one integer")
     url = urlunsplit((parts.scheme, parts.netloc, parts.path or "/metrics", parts.query, ""))
-    return Target(url=url, kind=kind, source=source, pids=pids)
+    seqs, tokens = values.get("max_num_seqs"), values.get("max_num_batched_tokens")
+    return Target(
+        url=url,
+        kind=kind,
+        source=source,
+        pids=values.get("pids", ()),
+        numa_nodes=values.get("numa"),
+        max_num_seqs=seqs[0] if seqs else None,
+        max_num_batched_tokens=tokens[0] if tokens else None,
+    )
 
 
 def spec_of(target: Target) -> str:
     """The inverse of parse_spec, for targets that carry their pids (the simulator's)."""
     text = target.url
-    if target.pids:
-        text += "#pids=" + ",".join(str(p) for p in target.pids)
+    items = [
+        f"{key}={','.join(str(v) for v in values)}"
+        for key, values in (
+            ("pids", target.pids),
+            ("numa", target.numa_nodes or ()),
+            ("max_num_seqs", (target.max_num_seqs,) if target.max_num_seqs else ()),
+            (
+                "max_num_batched_tokens",
+                (target.max_num_batched_tokens,) if target.max_num_batched_tokens else (),
+            ),
+        )
+        if values
+    ]
+    if items:
+        text += "#" + "&".join(items)
     return f"{target.kind}={text}" if target.kind else text

@@ -100,6 +100,9 @@ REQUEST_BUCKETS = (
 )
 Z99 = 2.3263478740408408  # standard normal 0.99 quantile
 TTFT_SIGMA = 0.35  # log-normal spread of TTFT and request phases (p99/p50 about 2.3)
+# The context length the simulated engines are started with (scenarios cannot set it):
+# vLLM's kv_cache_max_concurrency is the KV cache's tokens over it.
+SIM_MAX_MODEL_LEN = 32768
 MAX_STEPS = 400  # integration sub-steps per render, whatever the time since the last
 
 
@@ -185,7 +188,10 @@ class SimEngine:
     @property
     def target_spec(self) -> str:
         """The `engines` setting entry for this engine, carrying its simulated pids."""
-        return f"{self.kind}={self.url}#pids={','.join(str(p) for p in self.pids)}"
+        return (
+            f"{self.kind}={self.url}#pids={','.join(str(p) for p in self.pids)}"
+            f"&max_num_seqs={self.spec.max_num_seqs}"
+        )
 
     def stop(self) -> None:
         self._server.shutdown()
@@ -390,6 +396,8 @@ class SimEngine:
             "engine": "0",
             "gpu_memory_utilization": repr(spec.gpu_memory_utilization),
             "num_gpu_blocks": str(spec.num_gpu_blocks),
+            "kv_cache_size_tokens": str(spec.num_gpu_blocks * spec.block_size),
+            "kv_cache_max_concurrency": repr(spec.num_gpu_blocks * spec.block_size / SIM_MAX_MODEL_LEN),
             "num_cpu_blocks": "None",
         }
         out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")

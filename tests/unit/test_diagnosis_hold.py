@@ -33,35 +33,58 @@ def test_zero_hold_fires_on_the_first_sample() -> None:
     assert run([(0, True), (1, False)], 0, 0) == [True, False]
 
 
-def test_clears_exactly_at_the_clear_time() -> None:
+def test_clears_once_the_clear_window_is_nearly_free_of_the_condition() -> None:
     on = [(float(t), True) for t in range(0, 61, 10)]
-    off = [(100.0, False), (159.9, False)]
-    assert run([*on, *off], 60, 60)[-1] is True
-    assert run([*on, *off, (160.0, False)], 60, 60)[-1] is False
+    # sample and hold: true until 100, so the 60 s window still holds 12 s of it at 148
+    assert run([*on, (100.0, False), (148.0, False)], 60, 60)[-1] is True
+    # at most 10 % of the clear window (6 s) left: cleared
+    assert run([*on, (100.0, False), (154.0, False)], 60, 60)[-1] is False
 
 
-def test_flapping_condition_never_fires() -> None:
-    # true 30 s, false 5 s, repeated for 20 minutes: never 60 s in a row
+def test_periodic_storm_fires_and_stays() -> None:
+    # true 20 s, false 10 s, every 30 s, sampled every 5 s: never 60 s in a row
+    samples = [(float(t), (t % 30) < 20) for t in range(0, 1200, 5)]
+    states = run(samples, 60, 60)
+    first = states.index(True)
+    assert 60 <= samples[first][0] <= 90
+    assert all(states[first:])
+
+
+def test_storm_with_short_gaps_fires() -> None:
+    # true 30 s, false 5 s: the old rule (60 s unbroken) never fired on this
     samples = []
     t = 0.0
-    while t < 1200:
+    while t < 600:
         samples += [(t + s, True) for s in range(0, 30, 5)] + [(t + 30.0, False)]
         t += 35.0
+    assert any(run(samples, 60, 60))
+
+
+def test_one_short_burst_never_fires() -> None:
+    burst = [(float(t), t < 40) for t in range(0, 600, 5)]  # 40 s of a 60 s hold, then calm
+    assert not any(run(burst, 60, 60))
+
+
+def test_sparse_condition_below_the_share_never_fires() -> None:
+    # true 10 s of every 30 s: a third of the hold window, under hold_min_share
+    samples = [(float(t), (t % 30) < 10) for t in range(0, 1200, 5)]
     assert not any(run(samples, 60, 60))
 
 
-def test_active_finding_rides_out_short_gaps() -> None:
-    samples = [(float(t), True) for t in range(0, 61, 5)]
-    # then flapping: false 20 s, true 5 s, false 20 s ... never 60 s false in a row
+def test_periodic_calm_does_not_clear_but_a_long_one_does() -> None:
+    samples = [(float(t), True) for t in range(0, 65, 5)]
     t = 65.0
-    for _ in range(20):
+    for _ in range(20):  # false 20 s, true 5 s: 20 % of any minute holds
         samples += [(t, False), (t + 10, False), (t + 20, True)]
         t += 25.0
-    assert all(run(samples, 60, 60)[12:])
+    states = run(samples, 60, 60)
+    assert all(states[12:])
+    calm = [(t + 5.0 * i, False) for i in range(1, 14)]
+    assert run([*samples, *calm], 60, 60)[-1] is False
 
 
-def test_true_streak_restarts_after_a_single_false_sample() -> None:
-    samples = [(0.0, True), (30.0, True), (35.0, False), (40.0, True), (95.0, True), (100.0, True)]
+def test_a_single_false_sample_does_not_restart_the_hold() -> None:
+    samples = [(0.0, True), (30.0, True), (35.0, False), (40.0, True), (55.0, True), (60.0, True)]
     assert run(samples, 60, 60) == [False, False, False, False, False, True]
 
 
@@ -114,7 +137,12 @@ def test_finding_state_flips_to_one_and_back() -> None:
     for f in cool:
         states, _, _ = d.step(f)
         values.append(next(s.active for s in states.items if s.rule == "thermal_throttle"))
-    assert values[0] == 1 and values[-2] == 1 and values[-1] == 0
+    # the condition last held at 60 and, sample and hold, until 65; the finding clears
+    # once at most clear_max_share of the clear window saw it
+    gone = values.index(0)
+    assert set(values[:gone]) == {1} and set(values[gone:]) == {0}
+    assert cool[gone].taken_at - cool[0].taken_at >= (1 - DEFAULT.clear_max_share) * DEFAULT.clear_s
+    assert cool[gone - 1].taken_at - cool[0].taken_at < (1 - DEFAULT.clear_max_share) * DEFAULT.clear_s
 
 
 def test_time_going_backwards_starts_over() -> None:

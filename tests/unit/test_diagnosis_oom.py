@@ -80,13 +80,55 @@ def test_no_engine_low_headroom_edges() -> None:
     assert low.ratio == pytest.approx(DEFAULT.oom_low_headroom_weight)
 
 
-def test_kv_pressure_is_a_reason_but_not_alone_a_finding() -> None:
+def test_a_full_kv_cache_is_no_oom_risk() -> None:
+    # vLLM preallocates its KV cache: a full one preempts, it does not run out of memory
     g = replace(gpu(0), memory_used_bytes=0.9 * TOTAL)
-    f = frame(0.0, (g,), (engine(gpus=(0,), kv_usage_ratio=0.99, preemptions_per_second=1.0),))
+    f = frame(0.0, (g,), (engine(gpus=(0,), kv_usage_ratio=0.99, preemptions_per_second=2.0),))
     (r,) = risks([f])
-    assert r.ratio == pytest.approx(DEFAULT.oom_kv_weight)
-    assert r.ratio < DEFAULT.oom_finding_ratio
-    assert "KV cache" in r.reasons[0]
+    assert r.ratio == 0.0 and r.reasons == ()
+
+
+def _fragmented(pid: int, namespace: str | None, uuid: str = "GPU-0000") -> AllocFrame:
+    return AllocFrame(
+        pid=pid,
+        free_bytes=6 * GIB,
+        largest_free_block_bytes=64 * 1024**2,
+        fragmentation_ratio=0.95,
+        pid_namespace=namespace,
+        uuid=uuid,
+    )
+
+
+CONTAINER_NS = "pid:[4026532000]"
+
+
+def test_a_containerised_probe_joins_its_engine_across_pid_namespaces() -> None:
+    # the probe says pid 7 in its container; the engine's host pid 81234 is pid 7 there
+    e = engine(gpus=(0,), pids=frozenset({81234}), ns_pids=frozenset({(CONTAINER_NS, 7)}))
+    g = replace(gpu(0), allocators=(_fragmented(7, CONTAINER_NS),))
+    (r,) = risks([frame(0.0, (g,), (e,))])
+    assert r.ratio == pytest.approx(DEFAULT.oom_fragmentation_weight)
+    assert "pid 7" in r.reasons[0]
+
+
+def test_a_probe_of_another_engine_on_the_gpu_is_not_counted() -> None:
+    a = engine("a", gpus=(0,), pids=frozenset({81234}), ns_pids=frozenset({(CONTAINER_NS, 7)}))
+    b = engine("b", gpus=(0,), pids=frozenset({90000}), ns_pids=frozenset({("pid:[4026532999]", 7)}))
+    g = replace(gpu(0), allocators=(_fragmented(7, CONTAINER_NS),))
+    by = {r.target: r for r in risks([frame(0.0, (g,), (a, b))])}
+    assert by["a"].ratio == pytest.approx(DEFAULT.oom_fragmentation_weight)
+    assert by["b"].ratio == 0.0
+
+
+def test_an_unmapped_probe_joins_by_gpu_uuid_when_one_engine_runs_there() -> None:
+    # /proc could not map the engine's pids (another host's pids, no permission)
+    e = engine(gpus=(0,), pids=frozenset({81234}))
+    g = replace(gpu(0), allocators=(_fragmented(7, CONTAINER_NS),))
+    (r,) = risks([frame(0.0, (g,), (e,))])
+    assert r.ratio == pytest.approx(DEFAULT.oom_fragmentation_weight)
+    # two engines on the GPU: the uuid alone cannot tell whose it is
+    two = (e, engine("b", gpus=(0,), pids=frozenset({90000})))
+    assert all(x.ratio == 0.0 for x in risks([frame(0.0, (g,), two)]))
 
 
 def test_shared_gpu_counts_outside_mig_only() -> None:
@@ -139,3 +181,33 @@ def test_leak_becomes_a_finding_after_the_hold_time_with_evidence() -> None:
     assert f.subject.gpu == "0" and f.subject.target == engine().target
     names = [e.name for e in f.evidence]
     assert "time to full at the current trend" in names and "reason" in names
+
+
+def test_exported_score_is_a_windowed_max_that_does_not_flap() -> None:
+    # two processes share the GPU every other 10 s: the raw score flaps 0 <-> 0.3
+    d = Diagnoser()
+    exported, raw = [], []
+    for i in range(30):
+        shared = i % 2 == 0
+        g = replace(gpu(0), process_count=2 if shared else 1)
+        _, ratios, diagnosis = d.step(frame(i * 10.0, (g,), (engine(gpus=(0,)),)))
+        exported.append(ratios.items[0].ratio)
+        raw.append(diagnosis.oom_risks[0].now_ratio)
+    assert set(raw) == {0.0, DEFAULT.oom_shared_weight}
+    assert set(exported) == {DEFAULT.oom_shared_weight}
+    # reasons of the earlier frame travel with the score, saying when
+    _, _, diagnosis = d.step(frame(300.0, (gpu(0),), (engine(gpus=(0,)),)))
+    assert diagnosis.oom_risks[0].ratio == DEFAULT.oom_shared_weight
+    assert diagnosis.oom_risks[0].reasons[0].startswith("20 s ago: 2 processes share")
+    # a whole window without the reason: the score falls
+    quiet = [frame(300.0 + 10 * i, (gpu(0),), (engine(gpus=(0,)),)) for i in range(1, 8)]
+    for f in quiet:
+        _, ratios, _ = d.step(f)
+    assert ratios.items[0].ratio == 0.0
+
+
+def test_a_sudden_risk_is_exported_at_once() -> None:
+    d = Diagnoser()
+    d.step(frame(0.0, (gpu(0),), (engine(gpus=(0,)),)))
+    _, ratios, _ = d.step(frame(10.0, (replace(gpu(0), process_count=2),), (engine(gpus=(0,)),)))
+    assert ratios.items[0].ratio == DEFAULT.oom_shared_weight

@@ -424,3 +424,92 @@ def test_a_rule_names_only_thresholds_that_exist() -> None:
 def test_every_rule_is_declared_in_its_layer_module() -> None:
     for r in RULES:
         assert r.check.__module__ == f"exporter.diagnosis.rules.{r.layer}", r.id
+
+
+def _finding_of(rule_id: str, frames: list[Frame]) -> Any:
+    from exporter.diagnosis.diagnoser import Diagnoser
+
+    d = Diagnoser()
+    for f in frames:
+        _, _, diagnosis = d.step(f)
+    return next(x for x in diagnosis.findings if x.id == rule_id)
+
+
+def _tp_frames(gpus: tuple[Any, ...], seconds: float = 150.0) -> list[Frame]:
+    return [with_engine(t, gpus=gpus) for t in range(0, int(seconds) + 1, 10)]
+
+
+def test_sm_imbalance_names_the_least_busy_rank_the_others_wait_for() -> None:
+    # TP-4: three ranks spin in all-reduce at 85 %, rank 3 is late at 45 %
+    group = _group(0.85, 0.86, 0.84, 0.45)
+    f = _finding_of("parallel/sm_imbalance", _tp_frames(group))
+    assert "GPU 3" in f.detail and "GPU 3" in f.advice
+    assert "busiest" not in f.advice
+    ev = {e.name: e.value for e in f.evidence}
+    assert ev["straggler"] == "GPU 3"
+    assert ev["GPU 3 SM active"] == 0.45
+    assert ev["group median SM active"] == pytest.approx(0.845)
+
+
+def test_sm_imbalance_names_a_throttled_rank_even_when_it_is_the_busiest() -> None:
+    # rank 1 runs at 60 % of its clock, so its share of the work takes longest
+    group = tuple(
+        replace(g, sm_clock_ratio=0.6, throttle_reasons=("hw_thermal",)) if g.index == 1 else g
+        for g in _group(0.6, 0.95, 0.62, 0.6)
+    )
+    f = _finding_of("parallel/sm_imbalance", _tp_frames(group))
+    ev = {e.name: e.value for e in f.evidence}
+    assert ev["straggler"] == "GPU 1"
+    assert ev["GPU 1 SM clock / max"] == 0.6
+    assert ev["SM clock / max, median of the others"] == 0.95
+    assert "GPU 1" in f.advice and "cooling" in f.advice
+
+
+def test_sm_imbalance_calls_hot_ranks_at_full_clock_extra_work() -> None:
+    group = _group(0.45, 0.45, 0.92, 0.45, 0.45, 0.45, 0.91, 0.45)
+    f = _finding_of("parallel/sm_imbalance", _tp_frames(group))
+    assert "GPU 2, GPU 6" in f.advice and "experts" in f.advice
+
+
+def _queue(**engine_fields: Any) -> Any:
+    idle = tuple(replace(gpu(i), sm_active_ratio=0.2) for i in range(2))
+    base: dict[str, Any] = dict(waiting=40.0, running=17.0, kv_usage_ratio=0.3, api_server_cpu_ratio=0.3)
+    base.update(engine_fields)
+    frames = [with_engine(t, gpus=idle, **base) for t in range(0, 181, 10)]
+    return _finding_of("scheduling/queue_with_idle_gpu", frames)
+
+
+def test_queue_advice_does_not_raise_max_num_seqs_while_17_of_256_run() -> None:
+    f = _queue(max_num_seqs=256, kv_cache_max_concurrency=120.0)
+    assert "raise max_num_seqs" not in f.advice.lower()
+    assert "17 of max_num_seqs 256" in f.advice and "No reported limit binds" in f.advice
+    ev = {e.name: e.value for e in f.evidence}
+    assert ev["running"] == 17.0 and ev["max_num_seqs"] == 256
+    assert ev["KV cache holds (full-length requests)"] == 120.0
+
+
+def test_queue_advice_raises_max_num_seqs_when_it_binds() -> None:
+    f = _queue(running=250.0, max_num_seqs=256)
+    assert "raise max_num_seqs" in f.advice
+
+
+def test_queue_advice_says_what_is_unknown() -> None:
+    f = _queue()
+    assert "max_num_seqs unknown" in f.advice
+    ev = {e.name: e.value for e in f.evidence}
+    assert str(ev["max_num_seqs"]).startswith("unknown")
+
+
+def test_queue_advice_names_the_api_server_or_deferred_requests() -> None:
+    assert "API server" in _queue(api_server_cpu_ratio=0.97, max_num_seqs=256).advice
+    assert "deferred" in _queue(waiting_deferred=30.0).advice
+    assert "KV cache's 18 full-length" in _queue(kv_cache_max_concurrency=18.0).advice
+
+
+def test_kv_cache_leak_edges() -> None:
+    m = TH.kv_leak_min_ratio
+    assert fires("memory/kv_cache_leak", [with_engine(running=0.0, waiting=0.0, kv_usage_ratio=m)])
+    assert not fires("memory/kv_cache_leak", [with_engine(running=0.0, waiting=0.0, kv_usage_ratio=m - EPS)])
+    # busy engines use their cache: no verdict
+    assert not fires("memory/kv_cache_leak", [with_engine(running=1.0, waiting=0.0, kv_usage_ratio=0.9)])
+    assert not fires("memory/kv_cache_leak", [with_engine(running=0.0, waiting=3.0, kv_usage_ratio=0.9)])

@@ -74,3 +74,20 @@ def test_discovery_sources_follow_the_settings() -> None:
 def test_target_is_hashable_and_frozen() -> None:
     t = Target(url="http://a:1/metrics")
     assert {t: 1}[t] == 1
+
+
+def test_declared_limits_and_numa_travel_in_the_fragment_and_back() -> None:
+    spec = (
+        "vllm=http://127.0.0.1:4711/metrics#pids=4000000&numa=1&max_num_seqs=256&max_num_batched_tokens=8192"
+    )
+    t = parse_spec(spec)
+    assert (t.pids, t.numa_nodes, t.max_num_seqs, t.max_num_batched_tokens) == ((4000000,), (1,), 256, 8192)
+    assert parse_spec(spec_of(t)) == t
+
+
+@pytest.mark.parametrize(
+    "bad", ["http://h:1/#max_num_seqs=1,2", "http://h:1/#numa=x", "http://h:1/#pids=1&foo=2"]
+)
+def test_bad_declarations_are_refused(bad: str) -> None:
+    with pytest.raises(TargetError):
+        parse_spec(bad)

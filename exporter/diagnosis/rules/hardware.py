@@ -264,7 +264,7 @@ def numa_mismatch(frame: Frame, history: History, th: Th) -> Iterator[Candidate]
             yield Candidate(
                 Subject(gpu=str(g.index), target=e.target),
                 (
-                    Evidence("GPU NUMA node", g.numa_node, "count"),
+                    Evidence("GPU NUMA node", g.numa_node, "id"),
                     Evidence("engine CPUs on NUMA nodes", ", ".join(str(n) for n in e.cpu_numa_nodes)),
                 ),
                 f"{e.name} runs on CPUs of NUMA node {e.cpu_numa_nodes[0]}, GPU "

@@ -39,7 +39,7 @@ def oom_risk(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
     for risk in oom_risks(frame, history, th):
         if risk.ratio < th.oom_finding_ratio:
             continue
-        ev = [Evidence("OOM risk", risk.ratio, "ratio", f">= {_pct(th.oom_finding_ratio)}")]
+        ev = [Evidence("OOM risk (this sample)", risk.ratio, "ratio", f">= {_pct(th.oom_finding_ratio)}")]
         if risk.time_to_full_seconds is not None:
             ev.append(Evidence("time to full at the current trend", risk.time_to_full_seconds, "seconds"))
         ev.extend(Evidence("reason", r) for r in risk.reasons)
@@ -84,6 +84,35 @@ def kv_cache_saturated(frame: Frame, history: History, th: Th) -> Iterator[Candi
 
 
 @rule(
+    "memory/kv_cache_leak",
+    severity="warning",
+    scope="engine",
+    hold="kv_leak_hold_s",
+    title="KV cache stays used while nothing runs",
+    condition="no request running or waiting while KV-cache usage >= kv_leak_min_ratio",
+    advice=(
+        "Blocks are not returned when requests finish (aborted streams, a connector or LoRA bug): "
+        "check the engine's logs and version, and restart it at a quiet moment."
+    ),
+)
+def kv_cache_leak(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
+    for e in frame.engines:
+        if not e.up or e.kv_usage_ratio is None or e.running is None or e.waiting is None:
+            continue
+        if e.running > 0 or e.waiting > 0 or e.kv_usage_ratio < th.kv_leak_min_ratio:
+            continue
+        yield Candidate(
+            engine_subject(e),
+            (
+                Evidence("KV-cache usage", e.kv_usage_ratio, "ratio", f">= {_pct(th.kv_leak_min_ratio)}"),
+                Evidence("running requests", e.running, "count", "= 0"),
+                Evidence("waiting requests", e.waiting, "count", "= 0"),
+            ),
+            f"{e.name}: KV cache {_pct(e.kv_usage_ratio)} used with no request running or waiting",
+        )
+
+
+@rule(
     "memory/xid_memory_fault",
     severity="critical",
     scope="gpu",
@@ -124,7 +153,7 @@ def allocator_fragmentation(frame: Frame, history: History, th: Th) -> Iterator[
             yield Candidate(
                 gpu_subject(g),
                 (
-                    Evidence("process", a.pid, "count"),
+                    Evidence("process (pid)", a.pid, "id"),
                     Evidence("free inside reserved segments", a.free_bytes, "bytes"),
                     Evidence(
                         "largest free block",

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from statistics import median
 
 from exporter.diagnosis.frame import Frame, GpuFrame
 from exporter.diagnosis.history import History, rate
-from exporter.diagnosis.model import Candidate, Evidence
+from exporter.diagnosis.model import Candidate, Evidence, Unit
 from exporter.diagnosis.rules.base import (
     Th,
     _engine_gpus,
@@ -26,6 +27,38 @@ def _nvlink_rates(history: History, g: GpuFrame, window: float) -> tuple[float |
     return tx, rx
 
 
+def _slower_clock(g: GpuFrame, group: list[GpuFrame]) -> bool:
+    """The GPU computes slower than its peers: a throttle reason, or a clock 5 % lower."""
+    if g.throttle_reasons and any(r not in ("gpu_idle", "applications_clocks") for r in g.throttle_reasons):
+        return True
+    clocks = [x.sm_clock_ratio for x in group if x is not g and x.sm_clock_ratio is not None]
+    return g.sm_clock_ratio is not None and bool(clocks) and g.sm_clock_ratio < 0.95 * median(clocks)
+
+
+def _straggler_evidence(g: GpuFrame, group: list[GpuFrame], med: float) -> list[Evidence]:
+    others = [x for x in group if x is not g]
+    ev = [
+        Evidence(f"GPU {g.index} SM active", g.sm_active_ratio, "ratio"),
+        Evidence("group median SM active", med, "ratio"),
+    ]
+    compared: tuple[tuple[str, Unit, Callable[[GpuFrame], float | None]], ...] = (
+        ("SM clock / max", "ratio", lambda x: x.sm_clock_ratio),
+        ("temperature", "celsius", lambda x: x.temperature_celsius),
+        ("power", "watts", lambda x: x.power_watts),
+    )
+    for name, unit, get in compared:
+        mine = get(g)
+        theirs = [v for v in (get(x) for x in others) if v is not None]
+        if mine is not None and theirs:
+            ev.append(Evidence(f"GPU {g.index} {name}", mine, unit))
+            ev.append(Evidence(f"{name}, median of the others", median(theirs), unit))
+    if g.throttle_reasons:
+        ev.append(Evidence(f"GPU {g.index} clock-event reasons", ", ".join(g.throttle_reasons)))
+    if g.nvlink_links_up is not None:
+        ev.append(Evidence(f"GPU {g.index} NVLinks up", g.nvlink_links_up, "count"))
+    return ev
+
+
 @rule(
     "parallel/sm_imbalance",
     severity="warning",
@@ -37,10 +70,20 @@ def _nvlink_rates(history: History, g: GpuFrame, window: float) -> tuple[float |
         "imbalance_busiest_min_ratio"
     ),
     advice=(
-        "Look at the busiest GPU: clocks, thermals, its NVLinks; with expert parallelism, rebalance experts."
+        "Look at the GPU the group waits for (named in the finding): its clocks, throttle reasons, "
+        "NVLinks and the CPU feeding it; with expert parallelism, rebalance experts."
     ),
 )
 def sm_imbalance(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
+    """Name the rank the others wait for.
+
+    Tensor-parallel ranks do the same work, so the GPU farthest from the group's median is
+    the odd one. One below the median is late to each collective (host stalls, CPU or
+    NUMA contention, a slow link) while the others spin in NCCL kernels that count as SM
+    activity: it is the straggler. One above the median with a lower clock or a throttle
+    reason computes slower than its peers: it is the straggler too. Ranks above the median
+    at full clock carry more work (hot experts under expert parallelism).
+    """
     for e in frame.engines:
         gpus = [g for g in _engine_gpus(frame, e) if g.sm_active_ratio is not None]
         if len(gpus) < 2:
@@ -50,15 +93,44 @@ def sm_imbalance(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
         hi, lo = busiest.sm_active_ratio or 0.0, idlest.sm_active_ratio or 0.0
         if hi - lo < th.imbalance_spread_ratio or hi < th.imbalance_busiest_min_ratio:
             continue
+        med = median(g.sm_active_ratio or 0.0 for g in gpus)
+        slow = [g for g in gpus if _slower_clock(g, gpus)]
+        if slow:
+            odd = min(slow, key=lambda g: g.sm_clock_ratio if g.sm_clock_ratio is not None else 1.0)
+            why = "computes at a lower clock than its peers; the group waits for it"
+            advice = (
+                f"GPU {odd.index} is the straggler: check its cooling and power limit "
+                "(`nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE`); the group runs at its pace."
+            )
+        elif med - lo >= hi - med:
+            odd = idlest
+            why = "is the least busy: the others spin in collectives waiting for it"
+            advice = (
+                f"GPU {odd.index} is the straggler the group waits for: check the CPU cores and NUMA "
+                "node of its worker process, its PCIe/NVLink links and its clocks."
+            )
+        else:
+            odd = busiest
+            hot = sorted(
+                g.index for g in gpus if (g.sm_active_ratio or 0.0) - med >= th.imbalance_spread_ratio
+            )
+            names = ", ".join(f"GPU {i}" for i in hot) or f"GPU {odd.index}"
+            why = "carries more work than the group at full clock"
+            advice = (
+                f"{names} carry more work than the rest of the group: with expert parallelism, "
+                "rebalance the experts (EPLB) or replicate the hot ones."
+            )
         yield Candidate(
             engine_subject(e),
             (
                 Evidence("SM-active spread", hi - lo, "ratio", f">= {_pct(th.imbalance_spread_ratio)}"),
-                Evidence(f"busiest GPU {busiest.index}", hi, "ratio"),
-                Evidence(f"least busy GPU {idlest.index}", lo, "ratio"),
+                Evidence("straggler", f"GPU {odd.index}"),
+                *_straggler_evidence(odd, gpus, med),
                 Evidence("GPUs in the group", len(gpus), "count"),
             ),
-            f"{e.name}: GPU {busiest.index} at {_pct(hi)} SM active, GPU {idlest.index} at {_pct(lo)}",
+            f"{e.name}: GPU {odd.index} {why} ({_pct(odd.sm_active_ratio or 0.0)} SM active, "
+            f"group median {_pct(med)})",
+            advice,
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from statistics import mean
 
-from exporter.diagnosis.frame import Frame, GpuFrame
+from exporter.diagnosis.frame import EngineFrame, Frame, GpuFrame
 from exporter.diagnosis.history import History
 from exporter.diagnosis.model import Candidate, Evidence
 from exporter.diagnosis.rules.base import (
@@ -32,7 +32,10 @@ def _sm_or_util(g: GpuFrame) -> float | None:
         "waiting >= queue_waiting_min and not falling over a minute, SM active < "
         "queue_sm_active_max_ratio, KV usage < queue_kv_usage_max_ratio"
     ),
-    advice="Raise max_num_seqs / max_num_batched_tokens; check the API server and the scheduler for stalls.",
+    advice=(
+        "Follow the limit the finding names (running vs max_num_seqs, KV concurrency, the API "
+        "server's core, deferred requests); where none binds, look at the scheduler and the client."
+    ),
 )
 def queue_with_idle_gpu(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
     for e in frame.engines:
@@ -47,6 +50,7 @@ def queue_with_idle_gpu(frame: Frame, history: History, th: Th) -> Iterator[Cand
         past = history.engine_series(e.target, lambda x: x.waiting, th.rate_window_s)
         if past and e.waiting < past[0][1]:
             continue  # the queue drains
+        limits, advice = _binding_limit(e, th)
         yield Candidate(
             engine_subject(e),
             (
@@ -61,9 +65,65 @@ def queue_with_idle_gpu(frame: Frame, history: History, th: Th) -> Iterator[Cand
                 Evidence(
                     "KV-cache usage", e.kv_usage_ratio, "ratio", f"< {_pct(th.queue_kv_usage_max_ratio)}"
                 ),
+                *limits,
             ),
             f"{e.name}: {e.waiting:.0f} requests wait while its GPUs are {_pct(mean(act))} active",
+            advice,
         )
+
+
+def _binding_limit(e: EngineFrame, th: Th) -> tuple[list[Evidence], str]:
+    """The evidence on each limit a queue can hit, and advice for the one that binds."""
+    running = e.running or 0.0
+    near = th.queue_limit_near_ratio
+    seqs = e.max_num_seqs
+    ev = [
+        Evidence("running", running, "count"),
+        Evidence(
+            "max_num_seqs", seqs if seqs is not None else "unknown (the engine does not report it)", "count"
+        ),
+    ]
+    if e.kv_cache_max_concurrency is not None:
+        ev.append(Evidence("KV cache holds (full-length requests)", e.kv_cache_max_concurrency, "count"))
+    ev.append(
+        Evidence(
+            "max_num_batched_tokens",
+            e.max_num_batched_tokens if e.max_num_batched_tokens is not None else "unknown",
+            "count",
+        )
+    )
+    if e.api_server_cpu_ratio is not None:
+        ev.append(Evidence("API-server CPU (one core = 100 %)", e.api_server_cpu_ratio, "ratio"))
+    if e.waiting_deferred is not None:
+        ev.append(Evidence("waiting, deferred (LoRA, KV transfer)", e.waiting_deferred, "count"))
+    if e.waiting and e.waiting_deferred is not None and e.waiting_deferred >= 0.5 * e.waiting:
+        return ev, (
+            f"{e.waiting_deferred:.0f} of {e.waiting:.0f} waiting requests are deferred, not short of "
+            "capacity: check the LoRA adapter budget (max_loras) and KV transfers."
+        )
+    if e.api_server_cpu_ratio is not None and e.api_server_cpu_ratio >= th.api_cpu_min_ratio:
+        return ev, (
+            f"The API server uses {_pct(e.api_server_cpu_ratio)} of its one core: it cannot hand requests "
+            "over faster; run more API-server processes (--api-server-count)."
+        )
+    if seqs is not None and running >= near * seqs:
+        return ev, f"{running:.0f} of max_num_seqs {seqs} run: raise max_num_seqs (the KV cache has room)."
+    if e.kv_cache_max_concurrency is not None and running >= near * e.kv_cache_max_concurrency:
+        return ev, (
+            f"{running:.0f} running fill the KV cache's {e.kv_cache_max_concurrency:.0f} full-length "
+            "requests: lower max_model_len or use an FP8 KV cache."
+        )
+    known = (
+        f"{running:.0f} of max_num_seqs {seqs} run"
+        if seqs is not None
+        else (f"{running:.0f} run, max_num_seqs unknown (declare it with the target: #max_num_seqs=N)")
+    )
+    return ev, (
+        f"No reported limit binds: {known}, KV cache and API server have room. Check the token "
+        "budget (max_num_batched_tokens"
+        + (f" {e.max_num_batched_tokens}" if e.max_num_batched_tokens is not None else ", not reported")
+        + "), long prefills that hold the scheduler, and the scheduler's step time."
+    )
 
 
 @rule(
