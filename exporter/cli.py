@@ -27,7 +27,9 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--simulate", metavar="NAME", help="run on simulated GPUs and engines: a built-in scenario"
     )
     sim.add_argument("--scenario-file", metavar="FILE", help="run a scenario from a YAML file")
-    p.add_argument("--speed", type=float, help="scenario seconds per wall second (default 10; 1 plays in real time)")
+    p.add_argument(
+        "--speed", type=float, help="scenario seconds per wall second (default 10; 1 plays in real time)"
+    )
     p.add_argument("--interval", type=float, help="seconds between snapshots (default 1)")
     p.add_argument(
         "--engine",
@@ -35,6 +37,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="URL",
         help="an inference engine's /metrics URL, optionally TYPE=URL (repeatable)",
+    )
+    p.add_argument(
+        "--dcgm-exporter",
+        metavar="URL",
+        help="a co-located dcgm-exporter's /metrics (profiling counters for GPUs without GPM); "
+        "'off' to not look for one (default: this node's pod, else 127.0.0.1:9400)",
     )
     p.add_argument("--log-level", help="debug, info, warning or error")
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from exporter.sim.dcgm_spec import DcgmExporterSpec, parse_spec
+
 
 class ScenarioError(ValueError):
     """A scenario file that does not follow the schema; the message names the key."""
@@ -162,6 +164,7 @@ class Scenario:
     engines: tuple[EngineSpec, ...] = ()
     mig: MigSpec | None = None
     expect_findings: tuple[str, ...] = ()
+    dcgm_exporter: DcgmExporterSpec | None = None  # a simulated dcgm-exporter (sim/dcgm.py)
 
     @property
     def duration(self) -> float:
@@ -287,7 +290,7 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
 
     if not isinstance(data, dict):
         raise fail("<top level>", "a mapping")
-    known = {"name", "description", "gpus", "phases", "faults", "engines", "mig", "expect"}
+    known = {"name", "description", "gpus", "phases", "faults", "engines", "mig", "expect", "dcgm_exporter"}
     for key in data:
         if key not in known:
             raise ScenarioError(f"{where}: unknown key '{key}' (known: {', '.join(sorted(known))})")
@@ -322,6 +325,12 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
             mig = MigSpec(tuple(int(g) for g in m.get("gpus", range(count))), inst)
         except (KeyError, TypeError, ValueError) as err:
             raise fail("mig", "{gpus: [..], instances: [{profile, memory_ratio, sms}]}") from err
+    dcgm = None
+    if data.get("dcgm_exporter") is not None:
+        try:
+            dcgm = parse_spec(data["dcgm_exporter"])
+        except ValueError as err:
+            raise ScenarioError(f"{where}: 'dcgm_exporter' {err}") from None
     return Scenario(
         name=str(data.get("name", Path(source).stem)),
         description=str(data.get("description", "")),
@@ -332,6 +341,7 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
         engines=engines,
         mig=mig,
         expect_findings=tuple(findings),
+        dcgm_exporter=dcgm,
     )
 
 
