@@ -12,8 +12,9 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from exporter.diagnosis import coverage
 from exporter.diagnosis.frame import EngineFrame, Frame, GpuFrame, frame_of
 from exporter.diagnosis.history import History
 from exporter.diagnosis.model import (
@@ -151,7 +152,12 @@ class Diagnoser:
         self.latest: Diagnosis | None = None
 
     def __call__(self, snapshot: Snapshot) -> tuple[object, ...]:
-        return self.step(frame_of(snapshot))
+        frame = frame_of(snapshot)
+        states, ratios, diagnosis = self.step(frame)
+        spots, blind = coverage.report(frame, snapshot)  # rules that cannot run, and why
+        diagnosis = replace(diagnosis, extra={**diagnosis.extra, "blind_spots": [b.to_json() for b in spots]})
+        self.latest = diagnosis
+        return states, ratios, diagnosis, blind
 
     def step(self, frame: Frame) -> tuple[FindingStates, OomRiskRatios, Diagnosis]:
         with self._lock:
