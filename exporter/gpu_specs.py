@@ -3,14 +3,15 @@
 NVML reports a GPU's name but not what the part can do at best; the diagnosis needs
 that to turn measured activity into a share of the peak (DRAM bandwidth for MBU and the
 bandwidth-bound rule, dense tensor FLOP/s for MFU). Rows are matched by a fragment of
-the name NVML reports (`nvmlDeviceGetName`); the first matching row wins, so a more
-specific fragment comes before a shorter one it contains ("H100 PCIe" before "H100",
-"L40S" before "L40" before "L4"). A part no row matches is unknown: its peaks are
-`None` and nothing is assumed.
+the name NVML reports (`nvmlDeviceGetName`), as whole words ("A10" does not match
+"A100X"); the first matching row wins, so a more specific fragment comes before a
+shorter one it starts with ("H100 PCIe" before "H100", "GH200 144G" before "GH200"). A
+part no row matches is unknown: its peaks are `None` and nothing is assumed.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -35,8 +36,7 @@ class GpuSpec:
 # Dense peaks (sparsity halved away) from NVIDIA's datasheets, one comment per row naming
 # it. `flops` keys: bf16, fp16 and fp8 are tensor-core peaks, fp32 the non-tensor FP32
 # (CUDA-core) peak. A precision the part lacks (FP8 before Ada/Hopper) has no key.
-# GH200 contains "H200" and H200 NVL contains "H200": both come before H200; "A10G"
-# contains "A10": it comes first and stays unknown rather than borrowing the A10's row.
+# "A10G" has a row of its own so that it stays unknown rather than borrowing the A10's.
 SPECS: tuple[GpuSpec, ...] = (
     # GB200 NVL72 datasheet (2024), per GPU: 576 TB/s / 72, 360 PF BF16 sparse / 72
     GpuSpec(
@@ -192,6 +192,11 @@ SPECS: tuple[GpuSpec, ...] = (
 )
 
 
+def _matches(fragment: str, name: str) -> bool:
+    """The fragment as whole words of the name: "A10" is not in "A100X", "H200" not in "GH200"."""
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(fragment)}(?![A-Za-z0-9])", name) is not None
+
+
 def spec_of(name: str) -> GpuSpec | None:
     """The row for a GPU name as NVML reports it, or None for a part not in the table."""
-    return next((s for s in SPECS if s.match in name), None)
+    return next((s for s in SPECS if _matches(s.match, name)), None)

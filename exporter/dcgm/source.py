@@ -165,6 +165,7 @@ class DcgmSource:
         if loop is not None and not loop.is_closed():
             if client is not None:
                 loop.run_until_complete(client.aclose())
+            loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
         self._loop = None
 
