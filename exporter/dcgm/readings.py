@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from exporter.metricdef import counter, gauge, label, nested
 
-# Reasons a scrape can fail: the engine targets' reasons (exporter.engines.readings),
-# plus `no_profiling`: a valid page without one DCGM_FI_PROF_* sample.
+# Reasons a scrape can fail: the engine targets' (exporter.engines.readings) but
+# `unknown_engine`. A valid page without profiling samples is no failure: its GPUs count
+# as no_profiling in llmgpu_dcgm_exporter_gpus.
 DCGM_SCRAPE_ERRORS = (
     "dns",
     "refused",
@@ -21,7 +22,6 @@ DCGM_SCRAPE_ERRORS = (
     "too_large",
     "too_many_series",
     "connection",
-    "no_profiling",
 )
 
 
@@ -31,7 +31,7 @@ class DcgmExporterTarget:
     source: str = label()  # configured, kubernetes, local or simulated
     up: int | None = gauge(
         "llmgpu_dcgm_exporter_up",
-        "1 when the last scrape of the dcgm-exporter returned a page with profiling samples",
+        "1 when the last scrape of the dcgm-exporter returned a page",
     )
     scrape_duration_seconds: float | None = gauge(
         "llmgpu_dcgm_exporter_scrape_duration_seconds", "Wall time of the last dcgm-exporter scrape"

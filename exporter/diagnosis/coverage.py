@@ -176,7 +176,8 @@ def page_section(spots: Iterable[Mapping[str, Any]]) -> str:
     ):
         codes = " ".join(f"<code>{escape(r)}</code>" for r in rules)
         rows.append(
-            f"<div class='blind' style='margin:6px 0' data-blind-gpu='{escape(gpu)}'><b>GPU {escape(gpu)}</b>: {escape(reason)}."
+            f"<div class='blind' style='margin:6px 0' data-blind-gpu='{escape(gpu)}'>"
+            f"<b>GPU {escape(gpu)}</b>: {escape(reason)}."
             f"<div class='ev'>cannot run: {codes}</div>"
             f"<div class='advice'><b>Fix:</b> {escape(fix)}.</div></div>"
         )

@@ -30,14 +30,14 @@ FIRING: dict[str, Frame] = {
 
 
 def without(f: Frame, signal: str) -> Frame:
-    field = {"sm_active": "sm_active_ratio", "tensor_active": "tensor_active_ratio", "dram_active": "dram_active_ratio"}
-    return replace(f, gpus=tuple(replace(g, **{field[signal]: None}) for g in f.gpus))
+    return replace(f, gpus=tuple(replace(g, **{f"{signal}_ratio": None}) for g in f.gpus))
 
 
 def test_the_table_names_every_rule_that_reads_a_profiling_signal() -> None:
     reads = {}
     for r in RULES:
-        found = set(re.findall(r"\b(sm_active|tensor_active|dram_active)_ratio\b", inspect.getsource(r.check)))
+        source = inspect.getsource(r.check)
+        found = set(re.findall(r"\b(sm_active|tensor_active|dram_active)_ratio\b", source))
         if found:
             reads[r.id] = found
     assert set(reads) == set(RULE_SIGNALS)
@@ -85,7 +85,9 @@ def test_a_gpu_with_its_signals_or_down_has_no_blind_spot() -> None:
 def test_the_reasons_say_what_is_missing_and_the_fix() -> None:
     r = "hardware/dram_bandwidth_bound"
     why, fix = reason(blind_gpu(), (), r)
-    assert why == f"no DRAM-bandwidth signal on {A100}: NVML GPM needs Hopper or later, and no dcgm-exporter is read"
+    assert why == (
+        f"no DRAM-bandwidth signal on {A100}: NVML GPM needs Hopper or later, and no dcgm-exporter is read"
+    )
     assert "deploy dcgm-exporter" in fix and "DCGM_FI_PROF_DRAM_ACTIVE" in fix
     why, _ = reason(blind_gpu(name="NVIDIA H100 80GB HBM3"), (), r)
     assert "NVML GPM gave none yet" in why

@@ -48,7 +48,7 @@ def test_unknown_parts_stay_unknown() -> None:
 
 
 def test_no_row_is_shadowed_by_an_earlier_one() -> None:
-    for i, row in enumerate(SPECS):
+    for row in SPECS:
         assert spec_of(f"NVIDIA {row.match}") is row, f"{row.match!r} is shadowed"
 
 
