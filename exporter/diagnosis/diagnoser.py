@@ -1,9 +1,10 @@
 """The Diagnoser: history, hold and clear times, and the readings it adds to each snapshot.
 
 It is an enricher: `Diagnoser()(snapshot)` returns the finding states (every rule x
-subject, 0 or 1), the OOM-risk ratios, and a `Diagnosis` for the page, the JSON API and
-the CLI. A rule's condition must hold for the rule's hold time before its finding fires,
-and be absent for its clear time before the finding clears; both are measured on
+subject, 0 or 1), the OOM-risk ratios, the rules blind for want of a signal
+(diagnosis/coverage.py), and a `Diagnosis` for the page, the JSON API and the CLI. A
+rule's condition must hold for the rule's hold time before its finding fires, and be
+absent for its clear time before the finding clears; both are measured on
 `Snapshot.taken_at`, so a simulation played fast behaves as it would in real time.
 """
 
