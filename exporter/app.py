@@ -16,6 +16,7 @@ from exporter.engines.attribution import engine_gpus
 from exporter.nvml import Nvml
 from exporter.runner import Attribution, Enricher, Runner
 from exporter.sim import fakenvml
+from exporter.sim.dcgm import start_sim_dcgm_exporter
 from exporter.sim.engines import start_sim_engines
 from exporter.sim.scenario import Scenario, Timeline, load_builtin, load_file
 from exporter.snapshot import Snapshot
@@ -108,6 +109,10 @@ def build(settings: Settings, *, scenario_clock: Callable[[], float] | None = No
             engines = start_sim_engines(timeline)
             closers.extend(e.stop for e in engines)
             settings = replace(settings, engines=(*settings.engines, *(e.target_spec for e in engines)))
+        dcgm = start_sim_dcgm_exporter(timeline) if timeline is not None else None
+        if dcgm is not None:  # the scenario's dcgm-exporter, read like a co-located one
+            closers.append(dcgm.stop)
+            settings = replace(settings, dcgm_exporter=dcgm.url)
         runner = Runner(
             collectors.build(Context(settings=settings, nvml=nvml, clock=clock, sysfs=sysfs)),
             interval=settings.interval,

@@ -23,7 +23,9 @@ from exporter.snapshot import CollectorStatus, ExporterInfo, GpuUp
 GPU_LABELS = ("gpu", "uuid")
 # Which GPUs provide each family; everything else works on every NVIDIA data-center GPU.
 SUPPORT = {
-    "gpm": "Hopper and later (H100, H200, B200); absent elsewhere",
+    "gpm": "Hopper and later through NVML GPM; Volta and later data-center parts (A100, A10, L4, "
+    "L40S) through a co-located dcgm-exporter; absent elsewhere",
+    "sources": "where the profiling family is present",
     "nvlink": "GPUs with NVLink (SXM A100/H100/H200, B200)",
     "mig": "A100, A30, H100, H200, B200 (MIG-capable)",
     "ecc": "GPUs with ECC memory",

@@ -40,6 +40,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="an inference engine's /metrics URL, optionally TYPE=URL (repeatable)",
     )
+    p.add_argument(
+        "--dcgm-exporter",
+        metavar="URL",
+        help="a co-located dcgm-exporter's /metrics (profiling counters for GPUs without GPM); "
+        "'off' to not look for one (default: this node's pod, else 127.0.0.1:9400)",
+    )
     p.add_argument("--log-level", help="debug, info, warning or error")
 
 

@@ -53,6 +53,11 @@ class Settings:
     kubelet_socket: str | None = None  # pod-resources socket; None = no pod attribution
     node_name: str | None = None
     history_seconds: float = 900.0  # diagnosis ring buffer span
+    # co-located dcgm-exporter (profiling counters for GPUs without GPM): URL or HOST:PORT,
+    # "off"; unset: this node's dcgm-exporter pod in Kubernetes, else 127.0.0.1:9400
+    dcgm_exporter: str | None = None
+    # seconds a dcgm-exporter value is used: three of its default 30 s sampling windows
+    dcgm_exporter_max_age: float = 90.0
 
     @property
     def host(self) -> str:

@@ -129,49 +129,85 @@ class Power:
 
 @dataclass(frozen=True)
 class Profiling:
-    """GPM (Hopper and later): activity ratios over the interval between two samples."""
+    """Profiling counters: SM, tensor, DRAM and pipe activity, PCIe and NVLink rates.
+
+    Two sources give them: NVML GPM (Hopper and later; activity between two samples this
+    process takes) and a co-located dcgm-exporter's DCGM_FI_PROF_* fields (Volta and later
+    data-center parts; DCGM's averages over its own sampling window, joined by UUID). GPM
+    wins field by field where both answer (`merge_fields`; the dcgm collector has the
+    lower precedence); `llmgpu_gpu_metric_source` says which one gave each metric.
+    """
 
     family: ClassVar[str] = "gpm"
+    merge_fields: ClassVar[bool] = True
     sm_active_ratio: float | None = gauge(
-        "llmgpu_gpu_sm_active_ratio", "Fraction of SMs busy (GPM NVML_GPM_METRIC_SM_UTIL)"
+        "llmgpu_gpu_sm_active_ratio",
+        "Fraction of SMs busy (GPM NVML_GPM_METRIC_SM_UTIL; DCGM_FI_PROF_SM_ACTIVE)",
     )
     sm_occupancy_ratio: float | None = gauge(
         "llmgpu_gpu_sm_occupancy_ratio",
-        "Resident warps over the theoretical maximum (GPM NVML_GPM_METRIC_SM_OCCUPANCY)",
+        "Resident warps over the theoretical maximum (GPM NVML_GPM_METRIC_SM_OCCUPANCY; "
+        "DCGM_FI_PROF_SM_OCCUPANCY)",
     )
     tensor_active_ratio: float | None = gauge(
         "llmgpu_gpu_tensor_active_ratio",
-        "Fraction of time tensor cores were busy (GPM NVML_GPM_METRIC_ANY_TENSOR_UTIL)",
+        "Fraction of time tensor cores were busy (GPM NVML_GPM_METRIC_ANY_TENSOR_UTIL; "
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE)",
     )
     dram_active_ratio: float | None = gauge(
         "llmgpu_gpu_dram_active_ratio",
-        "DRAM bandwidth used over its theoretical maximum (GPM NVML_GPM_METRIC_DRAM_BW_UTIL)",
+        "DRAM bandwidth used over its theoretical maximum (GPM NVML_GPM_METRIC_DRAM_BW_UTIL; "
+        "DCGM_FI_PROF_DRAM_ACTIVE)",
     )
     fp16_active_ratio: float | None = gauge(
-        "llmgpu_gpu_fp16_active_ratio", "Non-tensor FP16 pipe activity (GPM NVML_GPM_METRIC_FP16_UTIL)"
+        "llmgpu_gpu_fp16_active_ratio",
+        "Non-tensor FP16 pipe activity (GPM NVML_GPM_METRIC_FP16_UTIL; DCGM_FI_PROF_PIPE_FP16_ACTIVE)",
     )
     fp32_active_ratio: float | None = gauge(
-        "llmgpu_gpu_fp32_active_ratio", "Non-tensor FP32 pipe activity (GPM NVML_GPM_METRIC_FP32_UTIL)"
+        "llmgpu_gpu_fp32_active_ratio",
+        "Non-tensor FP32 pipe activity (GPM NVML_GPM_METRIC_FP32_UTIL; DCGM_FI_PROF_PIPE_FP32_ACTIVE)",
     )
     fp64_active_ratio: float | None = gauge(
-        "llmgpu_gpu_fp64_active_ratio", "Non-tensor FP64 pipe activity (GPM NVML_GPM_METRIC_FP64_UTIL)"
+        "llmgpu_gpu_fp64_active_ratio",
+        "Non-tensor FP64 pipe activity (GPM NVML_GPM_METRIC_FP64_UTIL; DCGM_FI_PROF_PIPE_FP64_ACTIVE)",
     )
     pcie_tx_bytes_per_second: float | None = gauge(
         "llmgpu_gpu_pcie_tx_bytes_per_second",
-        "PCIe traffic out of the GPU (GPM NVML_GPM_METRIC_PCIE_TX_PER_SEC)",
+        "PCIe traffic out of the GPU (GPM NVML_GPM_METRIC_PCIE_TX_PER_SEC; DCGM_FI_PROF_PCIE_TX_BYTES)",
     )
     pcie_rx_bytes_per_second: float | None = gauge(
         "llmgpu_gpu_pcie_rx_bytes_per_second",
-        "PCIe traffic into the GPU (GPM NVML_GPM_METRIC_PCIE_RX_PER_SEC)",
+        "PCIe traffic into the GPU (GPM NVML_GPM_METRIC_PCIE_RX_PER_SEC; DCGM_FI_PROF_PCIE_RX_BYTES)",
     )
     nvlink_tx_bytes_per_second: float | None = gauge(
         "llmgpu_gpu_nvlink_tx_bytes_per_second",
-        "NVLink traffic out of the GPU, all links (GPM NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC)",
+        "NVLink traffic out of the GPU, all links (GPM NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC; "
+        "DCGM_FI_PROF_NVLINK_TX_BYTES)",
     )
     nvlink_rx_bytes_per_second: float | None = gauge(
         "llmgpu_gpu_nvlink_rx_bytes_per_second",
-        "NVLink traffic into the GPU, all links (GPM NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC)",
+        "NVLink traffic into the GPU, all links (GPM NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC; "
+        "DCGM_FI_PROF_NVLINK_RX_BYTES)",
     )
+
+
+@dataclass(frozen=True)
+class MetricSource:
+    metric: str = label()
+    source: str = label()
+    active: int | None = gauge(
+        "llmgpu_gpu_metric_source",
+        "1 for the collector that gave the GPU's metric this cycle, where two can: gpm (NVML GPM) "
+        "or dcgm (a co-located dcgm-exporter) (runner)",
+    )
+
+
+@dataclass(frozen=True)
+class MetricSources:
+    """Per GPU and metric of the profiling family, which source it came from."""
+
+    family: ClassVar[str] = "sources"
+    items: tuple[MetricSource, ...] = nested(MetricSource)
 
 
 @dataclass(frozen=True)
@@ -305,6 +341,7 @@ GPU_READINGS: tuple[type, ...] = (
     Clocks,
     Power,
     Profiling,
+    MetricSources,
     Pcie,
     NvLink,
     Ecc,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from exporter import __version__
 from exporter.collectors.base import Collector, Output
 from exporter.exposition import Rendered, render
-from exporter.gpu_readings import DeviceFacts, Xid
+from exporter.gpu_readings import DeviceFacts, MetricSource, MetricSources, Xid
 from exporter.metricdef import has_value
 from exporter.snapshot import CollectorStatus, ExporterInfo, GpuState, Snapshot
 
@@ -205,7 +205,7 @@ class Runner:
                 (s.collector, s.output, s.completed_at, s.duration, s.runs, s.success, dict(s.errors))
                 for s in self._slots
             ]
-        fresh: list[Output] = []
+        fresh: list[tuple[Collector, Output]] = []
         statuses = []
         for collector, output, completed, duration, runs, success, errors in slots:
             age = None if completed is None else now_wall - completed
@@ -225,25 +225,34 @@ class Runner:
             if output is None or age is None:
                 continue
             if age <= max(3 * collector.interval_s, 3 * self.interval, 5.0):
-                fresh.append(output)
+                fresh.append((collector, output))
             elif age <= COUNTERS_KEPT_S:
-                fresh.append(_counters_of(output))
+                fresh.append((collector, _counters_of(output)))
+        # Lowest precedence first, so the higher one is placed last and wins (stable: name
+        # order within one precedence).
+        fresh.sort(key=lambda co: co[0].precedence)
 
         gpus = []
         for index in range(self.gpu_count):
             readings: dict[type, object] = {}
+            origins: dict[type, dict[str, str]] = {}  # merged classes: field -> collector
             supported: dict[str, bool] = {}
             up = True
-            for out in fresh:
+            known = self._uuid_of(index, fresh)
+            for collector, out in fresh:
                 if index in out.gpu_errors:
                     up = False
-                for r in out.gpus.get(index, ()):
-                    readings[type(r)] = r
+                placed = (*out.gpus.get(index, ()), *(out.by_uuid.get(known, ()) if known else ()))
+                for r in placed:
+                    _place(readings, origins, r, collector.name)
                     family = getattr(r, "family", None)
                     if family:
                         supported[family] = True
                 for family in out.unsupported.get(index, ()):
                     supported.setdefault(family, False)
+            if origins:
+                readings[MetricSources] = _sources(origins)
+                supported[MetricSources.family] = True
             facts = readings.get(DeviceFacts)
             if isinstance(facts, DeviceFacts):
                 self._facts[index] = facts
@@ -267,7 +276,7 @@ class Runner:
             )
 
         node: dict[type, tuple[object, ...]] = {}
-        for out in fresh:
+        for _, out in fresh:
             for r in out.node:
                 node[type(r)] = (*node.get(type(r), ()), r)
         node[ExporterInfo] = (
@@ -286,3 +295,45 @@ class Runner:
             collectors=tuple(statuses),
             simulated=self.simulated,
         )
+
+    def _uuid_of(self, index: int, fresh: Sequence[tuple[Collector, Output]]) -> str:
+        """The GPU's UUID from this cycle's device facts, or the last ones known."""
+        for _, out in fresh:
+            for r in out.gpus.get(index, ()):
+                if isinstance(r, DeviceFacts) and r.uuid:
+                    return r.uuid
+        facts = self._facts.get(index)
+        return facts.uuid if facts is not None else ""
+
+
+def _place(readings: dict[type, object], origins: dict[type, dict[str, str]], r: object, source: str) -> None:
+    """Put a reading on its GPU. A class that declares `merge_fields` keeps, field by field,
+    what an earlier (lower-precedence) source gave where this one has nothing."""
+    cls = type(r)
+    if not getattr(cls, "merge_fields", False):
+        readings[cls] = r
+        return
+    had = readings.get(cls)
+    given = {f.name: source for f in dataclasses.fields(r) if getattr(r, f.name) is not None}  # type: ignore[arg-type]
+    origin = origins.setdefault(cls, {})
+    if had is not None:
+        kept = {
+            f.name: getattr(had, f.name)
+            for f in dataclasses.fields(had)  # type: ignore[arg-type]
+            if f.name not in given and getattr(had, f.name) is not None
+        }
+        r = dataclasses.replace(r, **kept)  # type: ignore[type-var]
+    origin.update(given)
+    readings[cls] = r
+
+
+def _sources(origins: Mapping[type, Mapping[str, str]]) -> MetricSources:
+    """Which collector gave each metric of the merged classes."""
+    items = []
+    for cls, fields in origins.items():
+        metrics = {f.name: f.metadata.get("metric") for f in dataclasses.fields(cls)}
+        for name, source in sorted(fields.items()):
+            metric = metrics.get(name)
+            if metric is not None:
+                items.append(MetricSource(metric=metric.name, source=source, active=1))
+    return MetricSources(items=tuple(items))

@@ -19,7 +19,9 @@ class Output:
     `gpus` maps a GPU index to its readings; `gpu_errors` names the error that kept a
     GPU from being read (that GPU is then reported down); `node` holds readings that
     belong to no single GPU (engines, allocator probes). `errors` counts this run's
-    failures by name; a run with none is a success.
+    failures by name; a run with none is a success. `by_uuid` holds GPU readings of a
+    source that names GPUs by UUID rather than NVML index (a co-located dcgm-exporter);
+    the runner puts them on the GPU with that UUID and drops those of GPUs not here.
     """
 
     gpus: Mapping[int, tuple[object, ...]] = field(default_factory=dict)
@@ -27,6 +29,7 @@ class Output:
     gpu_errors: Mapping[int, str] = field(default_factory=dict)
     errors: Mapping[str, int] = field(default_factory=dict)
     unsupported: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # gpu -> families
+    by_uuid: Mapping[str, tuple[object, ...]] = field(default_factory=dict)
 
 
 class Collector:
@@ -42,6 +45,11 @@ class Collector:
 
     name: str = ""
     interval_s: float = 1.0
+    # Where two collectors give a GPU a reading of the same class, the higher precedence
+    # wins: whole readings for most classes, field by field for classes that declare
+    # `merge_fields` (profiling, which NVML GPM and a dcgm-exporter both provide). Equal
+    # precedence: the collector later in name order wins, as it always did.
+    precedence: int = 0
 
     def collect(self) -> Output:
         raise NotImplementedError

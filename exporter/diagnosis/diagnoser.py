@@ -1,8 +1,9 @@
 """The Diagnoser: history, hold and clear times, and the readings it adds to each snapshot.
 
 It is an enricher: `Diagnoser()(snapshot)` returns the finding states (every rule x
-subject, 0 or 1), the OOM-risk ratios, and a `Diagnosis` for the page, the JSON API and
-the CLI. Hold and clear are judged over windows (`step_state`): a finding fires when its
+subject, 0 or 1), the OOM-risk ratios, the rules blind for want of a signal
+(diagnosis/coverage.py), and a `Diagnosis` for the page, the JSON API and the CLI.
+Hold and clear are judged over windows (`step_state`): a finding fires when its
 condition held for most of the rule's hold time, and clears when it was nearly absent
 for its clear time; both are measured on `Snapshot.taken_at`, so a simulation played
 fast behaves as it would in real time.
@@ -15,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
+from exporter.diagnosis import coverage
 from exporter.diagnosis.fmt import duration
 from exporter.diagnosis.frame import EngineFrame, Frame, GpuFrame, frame_of
 from exporter.diagnosis.history import History
@@ -201,7 +203,12 @@ class Diagnoser:
         self.latest: Diagnosis | None = None
 
     def __call__(self, snapshot: Snapshot) -> tuple[object, ...]:
-        return self.step(frame_of(snapshot))
+        frame = frame_of(snapshot)
+        states, ratios, diagnosis = self.step(frame)
+        spots, blind = coverage.report(frame, snapshot)  # rules that cannot run, and why
+        diagnosis = replace(diagnosis, extra={**diagnosis.extra, "blind_spots": [b.to_json() for b in spots]})
+        self.latest = diagnosis
+        return states, ratios, diagnosis, blind
 
     def step(self, frame: Frame) -> tuple[FindingStates, OomRiskRatios, Diagnosis]:
         with self._lock:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from exporter.diagnosis import coverage
 from exporter.diagnosis.fmt import duration, value_text
 from exporter.diagnosis.frame import short_target
 
@@ -95,6 +96,7 @@ def render_page(d: Mapping[str, Any] | None) -> str:
             '<div class="none" id="no-findings">'
             "No active findings: no layer shows a bottleneck or a failure.</div>"
         )
+    parts.append(coverage.page_section(d.get("blind_spots", [])))
     parts.append(_risks(d.get("oom_risk", [])))
     by_gpu: dict[str, list[Mapping[str, Any]]] = {}
     by_target: dict[str, list[Mapping[str, Any]]] = {}

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from exporter.sim.dcgm_spec import DcgmExporterSpec, parse_spec
 from exporter.sim.drivers import DRIVERS, Profile, profile
 
 
@@ -168,6 +169,7 @@ class Scenario:
     mig: MigSpec | None = None
     expect_findings: tuple[str, ...] = ()
     profile: Profile = field(default_factory=Profile)  # driver branch and part quirks
+    dcgm_exporter: DcgmExporterSpec | None = None  # a simulated dcgm-exporter (sim/dcgm.py)
 
     @property
     def duration(self) -> float:
@@ -293,7 +295,7 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
 
     if not isinstance(data, dict):
         raise fail("<top level>", "a mapping")
-    known = {"name", "description", "gpus", "phases", "faults", "engines", "mig", "expect"}
+    known = {"name", "description", "gpus", "phases", "faults", "engines", "mig", "expect", "dcgm_exporter"}
     for key in data:
         if key not in known:
             raise ScenarioError(f"{where}: unknown key '{key}' (known: {', '.join(sorted(known))})")
@@ -334,6 +336,12 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
             mig = MigSpec(tuple(int(g) for g in m.get("gpus", range(count))), inst)
         except (KeyError, TypeError, ValueError) as err:
             raise fail("mig", "{gpus: [..], instances: [{profile, memory_ratio, sms}]}") from err
+    dcgm = None
+    if data.get("dcgm_exporter") is not None:
+        try:
+            dcgm = parse_spec(data["dcgm_exporter"])
+        except ValueError as err:
+            raise ScenarioError(f"{where}: 'dcgm_exporter' {err}") from None
     return Scenario(
         name=str(data.get("name", Path(source).stem)),
         description=str(data.get("description", "")),
@@ -345,6 +353,7 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
         mig=mig,
         expect_findings=tuple(findings),
         profile=profile(model_name, driver, mig_monitor),
+        dcgm_exporter=dcgm,
     )
 
 

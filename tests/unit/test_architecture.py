@@ -38,6 +38,13 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
         "exporter.gpu_specs",
         "exporter.snapshot",
         "exporter.sim.scenario",  # docs.py tabulates the shipped scenarios
+        "exporter.dcgm.readings",  # the coverage report names what the dcgm-exporter lacks
+    ),
+    "exporter.dcgm": (
+        "exporter.dcgm",
+        *READINGS,
+        "exporter.engines.fetch",  # the same bounded fetch as engine targets
+        "exporter.k8s",
     ),
     "exporter.engines": (
         "exporter.engines",
@@ -54,6 +61,7 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
         "exporter.config",
         "exporter.engines",
         "exporter.probe",
+        "exporter.dcgm",
     ),
     "exporter.runner": (
         "exporter",
