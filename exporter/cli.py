@@ -82,6 +82,21 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="disable a collector (repeatable)",
     )
+    serve.add_argument("--metric-profile", help="default (fleet-sized) or full (per-link and other detail)")
+    serve.add_argument(
+        "--metric",
+        dest="metrics_enabled",
+        action="append",
+        metavar="NAME",
+        help="expose a metric family the profile leaves out (repeatable; names in docs/metrics.md)",
+    )
+    serve.add_argument(
+        "--no-metric",
+        dest="metrics_disabled",
+        action="append",
+        metavar="NAME",
+        help="leave a metric family out (repeatable)",
+    )
 
     snap = sub.add_parser("snapshot", help="print one sample as a table")
     _common(snap)

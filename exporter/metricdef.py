@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Kind = Literal["gauge", "counter", "info", "histogram", "summary"]
+# Which exposition profile a family belongs to: `default` is what a fleet stores (every
+# input of the diagnosis, the dashboards and the rules); `full` adds per-link and other
+# detail. The profile filters exposition only; readings and the diagnosis see everything.
+Profile = Literal["default", "full"]
+PROFILES: tuple[Profile, ...] = ("default", "full")
 
 
 @dataclass(frozen=True)
@@ -23,31 +28,32 @@ class MetricDef:
     kind: Kind
     help: str
     label: str | None = None  # extra label when the field holds a mapping key -> value
+    profile: Profile = "default"  # the smallest profile that exposes it
 
 
-def gauge(name: str, help: str, *, label: str | None = None) -> Any:
-    return field(default=None, metadata={"metric": MetricDef(name, "gauge", help, label)})
+def gauge(name: str, help: str, *, label: str | None = None, profile: Profile = "default") -> Any:
+    return field(default=None, metadata={"metric": MetricDef(name, "gauge", help, label, profile)})
 
 
-def counter(name: str, help: str, *, label: str | None = None) -> Any:
+def counter(name: str, help: str, *, label: str | None = None, profile: Profile = "default") -> Any:
     assert name.endswith("_total"), name
-    return field(default=None, metadata={"metric": MetricDef(name, "counter", help, label)})
+    return field(default=None, metadata={"metric": MetricDef(name, "counter", help, label, profile)})
 
 
-def info(name: str, help: str) -> Any:
+def info(name: str, help: str, *, profile: Profile = "default") -> Any:
     """A mapping of label -> value exposed as one `<name>` sample with value 1."""
     assert name.endswith("_info"), name
-    return field(default=None, metadata={"metric": MetricDef(name, "info", help)})
+    return field(default=None, metadata={"metric": MetricDef(name, "info", help, None, profile)})
 
 
-def histogram(name: str, help: str) -> Any:
-    return field(default=None, metadata={"metric": MetricDef(name, "histogram", help)})
+def histogram(name: str, help: str, *, profile: Profile = "default") -> Any:
+    return field(default=None, metadata={"metric": MetricDef(name, "histogram", help, None, profile)})
 
 
-def summary(name: str, help: str, *, label: str | None = None) -> Any:
+def summary(name: str, help: str, *, label: str | None = None, profile: Profile = "default") -> Any:
     """Precomputed quantiles: labels include `quantile`, so the family must be a summary
     (promtool rejects that label on a gauge). No _sum or _count."""
-    return field(default=None, metadata={"metric": MetricDef(name, "summary", help, label)})
+    return field(default=None, metadata={"metric": MetricDef(name, "summary", help, label, profile)})
 
 
 def label(default: Any = dataclasses.MISSING) -> Any:
