@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from exporter.metricdef import Histogram, Labels, MetricDef, Profile, samples
+from exporter.metricdef import Histogram, Labels, MetricDef, Planner, Profile, kept, samples
 from exporter.snapshot import GpuUp, Snapshot
 
 TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -35,6 +35,10 @@ class Exposure:
     enabled: frozenset[str] = frozenset()
     disabled: frozenset[str] = frozenset()
     _verdicts: dict[str, bool] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    plan: Planner = field(init=False, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "plan", kept(self.allows))  # frozen: set once
 
     @classmethod
     def of(cls, profile: Profile, enabled: Iterable[str] = (), disabled: Iterable[str] = ()) -> Exposure:
@@ -77,11 +81,9 @@ Family = tuple[MetricDef, list[tuple[Labels, object]]]
 def families(snapshot: Snapshot, exposure: Exposure = DEFAULT) -> list[Family]:
     """Samples of the families `exposure` allows, one family per metric name, sorted by name."""
     by_name: dict[str, Family] = {}
-    allows = exposure.allows
+    plan = exposure.plan
     for reading, base in readings_of(snapshot):
-        for metric, labels, value in samples(reading, base):
-            if not allows(metric):
-                continue
+        for metric, labels, value in samples(reading, base, plan):
             fam = by_name.get(metric.name)
             if fam is None:
                 fam = by_name[metric.name] = (metric, [])

@@ -8,7 +8,7 @@ engine cannot provide it: the series is left out, never exported as zero.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -102,17 +102,41 @@ def _plan(cls: type[Any]) -> Plan:
     return _PLANS[cls]
 
 
-def samples(reading: object, base: Labels = ()) -> Iterator[Sample]:
+Planner = Callable[[type[Any]], Plan]
+
+
+def kept(keep: Callable[[MetricDef], bool]) -> Planner:
+    """Plans without the metrics `keep` refuses, nor nested readings left with none, so a
+    walk never visits what exposition would drop (per-link readings in the default profile)."""
+    plans: dict[type, Plan] = {}
+
+    def plan(cls: type[Any]) -> Plan:
+        found = plans.get(cls)
+        if found is None:
+            nested_of = {f.name: f.metadata.get("of") for f in dataclasses.fields(cls)}
+            found = plans[cls] = tuple(
+                (attr, role, metric)
+                for attr, role, metric in _plan(cls)
+                if role == "label"
+                or (role == "metric" and metric is not None and keep(metric))
+                or (role == "nested" and any(keep(m) for m in metric_defs(nested_of[attr])))
+            )
+        return found
+
+    return plan
+
+
+def samples(reading: object, base: Labels = (), plan: Planner = _plan) -> Iterator[Sample]:
     """Every (metric, labels, value) a reading holds, `None` values skipped."""
     labels = base
-    for attr, role, metric in _plan(type(reading)):
+    for attr, role, metric in plan(type(reading)):
         value = getattr(reading, attr)
         if role == "label":
             if value is not None:
                 labels = (*labels, (attr, str(value)))
         elif role == "nested":
             for sub in value:
-                yield from samples(sub, labels)
+                yield from samples(sub, labels, plan)
         elif value is None:
             continue
         elif metric is not None and metric.label is not None:
