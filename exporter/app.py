@@ -14,6 +14,7 @@ from exporter.config import ConfigError, Settings, replace
 from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.engines.attribution import engine_gpus
 from exporter.exposition import Exposure
+from exporter.metricdef import Profile
 from exporter.nvml import Nvml
 from exporter.runner import Attribution, Enricher, Runner
 from exporter.sim import fakenvml
@@ -96,7 +97,7 @@ def exposure(settings: Settings) -> Exposure:
                 f"unknown metric famil{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)} "
                 "in metrics_enabled/metrics_disabled (names as docs/metrics.md lists them)"
             )
-    profile = "full" if settings.metric_profile == "full" else "default"
+    profile: Profile = "full" if settings.metric_profile == "full" else "default"
     return Exposure.of(profile, settings.metrics_enabled, settings.metrics_disabled)
 
 

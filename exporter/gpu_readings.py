@@ -31,7 +31,9 @@ class DeviceFacts:
         "llmgpu_gpu_sm_clock_max_hertz", "Maximum SM clock (nvmlDeviceGetMaxClockInfo)"
     )
     memory_clock_max_hertz: float | None = gauge(
-        "llmgpu_gpu_memory_clock_max_hertz", "Maximum memory clock (nvmlDeviceGetMaxClockInfo)", profile="full"
+        "llmgpu_gpu_memory_clock_max_hertz",
+        "Maximum memory clock (nvmlDeviceGetMaxClockInfo)",
+        profile="full",
     )
     power_limit_max_watts: float | None = gauge(
         "llmgpu_gpu_power_limit_max_watts",
@@ -83,10 +85,14 @@ class Memory:
         "Memory reserved by the driver and firmware (nvmlDeviceGetMemoryInfo_v2)",
     )
     bar1_used_bytes: int | None = gauge(
-        "llmgpu_gpu_bar1_used_bytes", "Used BAR1 aperture memory (nvmlDeviceGetBAR1MemoryInfo)", profile="full"
+        "llmgpu_gpu_bar1_used_bytes",
+        "Used BAR1 aperture memory (nvmlDeviceGetBAR1MemoryInfo)",
+        profile="full",
     )
     bar1_total_bytes: int | None = gauge(
-        "llmgpu_gpu_bar1_total_bytes", "Total BAR1 aperture memory (nvmlDeviceGetBAR1MemoryInfo)", profile="full"
+        "llmgpu_gpu_bar1_total_bytes",
+        "Total BAR1 aperture memory (nvmlDeviceGetBAR1MemoryInfo)",
+        profile="full",
     )
 
 

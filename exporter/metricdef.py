@@ -113,7 +113,9 @@ def kept(keep: Callable[[MetricDef], bool]) -> Planner:
     def plan(cls: type[Any]) -> Plan:
         found = plans.get(cls)
         if found is None:
-            nested_of = {f.name: f.metadata.get("of") for f in dataclasses.fields(cls)}
+            nested_of = {
+                f.name: f.metadata["of"] for f in dataclasses.fields(cls) if f.metadata.get("nested")
+            }
             found = plans[cls] = tuple(
                 (attr, role, metric)
                 for attr, role, metric in _plan(cls)

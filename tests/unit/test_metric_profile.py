@@ -73,7 +73,9 @@ def test_a_profile_over_budget_is_caught(sim) -> None:  # type: ignore[no-untype
 
 
 def dashboard_names() -> set[str]:
-    return {n for board in generate.boards().values() for _, q in queries(board) for n in metric_names(q.expr)}
+    return {
+        n for board in generate.boards().values() for _, q in queries(board) for n in metric_names(q.expr)
+    }
 
 
 def rule_names() -> set[str]:
@@ -205,7 +207,7 @@ def test_the_diagnosis_reads_only_default_profile_series_but_nvlink_support(snap
 
 
 def test_node_readings_are_all_in_the_default_profile() -> None:
-    for metric, labels, family in catalog.rows():
+    for metric, labels, _ in catalog.rows():
         if "gpu" not in labels:
             assert metric.profile == "default", metric.name
 
@@ -230,12 +232,12 @@ def test_families_switched_on_and_off_by_name(sim) -> None:  # type: ignore[no-u
 def test_an_unknown_family_name_fails_before_anything_starts(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text(L4)
-    with pytest.raises(ConfigError, match="llmgpu_gpu_nvlink_up.*docs/metrics.md"):
+    with pytest.raises(ConfigError, match=r"llmgpu_gpu_nvlink_up.*docs/metrics.md"):
         app.build(Settings(scenario_file=str(path), metrics_disabled=("llmgpu_gpu_nvlink_up",)))
 
 
 def test_profile_setting_and_flags() -> None:
-    with pytest.raises(ConfigError, match="metric_profile.*default or full"):
+    with pytest.raises(ConfigError, match=r"metric_profile.*default or full"):
         load({"metric_profile": "all"}, env={})
     from exporter.cli import parser, settings_from
 
