@@ -264,3 +264,17 @@ def test_nvlink_totals_fold_the_links() -> None:
     unknown = NvLink(links=(NvLinkPort(link=0, tx_bytes=1),))
     assert (unknown.link_count, unknown.links_up, unknown.errors) == (None, None, None)
     assert NvLink(links=two.links, links_up=7).links_up == 7  # given totals are kept
+
+
+# ---- the fleet view ----------------------------------------------------------------------------
+
+PER_NODE = {"up", "llmgpu_exporter_build_info"}  # one series per node, whatever its GPUs
+
+
+def test_fleet_panels_read_recorded_series_only() -> None:
+    """The fleet dashboard's cost grows with nodes at most, never with GPUs: every query
+    reads recording rules (or one series per node)."""
+    board = next(b for p, b in generate.boards().items() if p.name == "fleet.dashboard.py")
+    read = {n for _, q in queries(board) for n in metric_names(q.expr)}
+    assert read - names_catalog.recorded() <= PER_NODE
+    assert len(read & names_catalog.recorded()) >= 15
