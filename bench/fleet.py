@@ -99,8 +99,11 @@ def prometheus_config(ports: list[int], rules: list[Path]) -> str:
                 {
                     "job_name": JOB,
                     "static_configs": [
-                        {"targets": [f"127.0.0.1:{p}"], "labels": {"cluster": CLUSTER, "node": f"node-{i + 1}"}}
-                        for i, p in enumerate(ports)
+                        {
+                            "targets": [f"127.0.0.1:{port}"],
+                            "labels": {"cluster": CLUSTER, "node": f"node-{i}"},
+                        }
+                        for i, port in enumerate(ports, 1)
                     ],
                 }
             ],
@@ -224,7 +227,8 @@ def measure(profile: str, nodes: int, settle_s: float, window_s: float, tmp: Pat
             t0 = time.monotonic()
             durations: dict[str, float] = {}
             while time.monotonic() < t0 + window_s:
-                for labels, v in own_metrics(client, url).get("prometheus_rule_group_last_duration_seconds", ()):
+                groups = own_metrics(client, url).get("prometheus_rule_group_last_duration_seconds", ())
+                for labels, v in groups:
                     group = re.search(r'rule_group="[^"]*;([^"]+)"', labels)
                     key = group.group(1) if group else labels
                     durations[key] = max(durations.get(key, 0.0), v)

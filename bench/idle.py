@@ -50,7 +50,9 @@ def unpack(ref: str, into: Path) -> str:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", ref], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.strip()
-    archive = subprocess.run(["git", "archive", commit, "exporter"], cwd=ROOT, capture_output=True, check=True)
+    archive = subprocess.run(
+        ["git", "archive", commit, "exporter"], cwd=ROOT, capture_output=True, check=True
+    )
     with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
         tar.extractall(into, filter="data")
     return commit
@@ -144,7 +146,7 @@ def latency(servers: dict[str, Server], pairs: int, rng: random.Random) -> dict[
             "healthz": floor,
             "p99_over_floor": scrape["p99_ms"] / floor["p99_ms"],
             "p50_over_floor": scrape["p50_ms"] / floor["p50_ms"],
-            "gzip_body_bytes": size[name],
+            "body_bytes": size[name],  # as decompressed
         }
     return out
 
