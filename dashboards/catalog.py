@@ -1,7 +1,8 @@
 """Which metric names exist: declared by the exporter, listed in docs/metrics.md, recorded by rules.
 
 Dashboards and alerts may only read names the exporter declares (and, once the catalog
-exists, that docs/metrics.md lists) or that a recording rule in alerts/ produces.
+exists, that docs/metrics.md lists) or that a recording rule in alerts/ produces, and
+only names of the default metric profile: what a fleet's Prometheus stores by default.
 """
 
 from __future__ import annotations
@@ -30,6 +31,15 @@ def declared() -> dict[str, str]:
     from exporter import catalog
 
     return {metric.name: metric.kind for metric, _, _ in catalog.rows()}
+
+
+@cache
+def full_only() -> frozenset[str]:
+    """Names (as Prometheus has them) that only the full metric profile exposes."""
+    from exporter import catalog
+
+    kinds = {m.name: m.kind for m, _, _ in catalog.rows() if m.profile != "default"}
+    return frozenset(exposed_names(kinds))
 
 
 def exposed_names(kinds: dict[str, str]) -> set[str]:
@@ -71,4 +81,6 @@ def problems(names: set[str] | list[str]) -> list[str]:
             out.append(f"{name}: not declared by the exporter")
         elif listed is not None and name not in listed:
             out.append(f"{name}: not listed in docs/metrics.md")
+        elif name in full_only():
+            out.append(f"{name}: exposed by the full metric profile only, not by default")
     return out

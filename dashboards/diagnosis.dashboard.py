@@ -451,8 +451,7 @@ parallel = Row(
                 q(
                     divide(
                         f"llmgpu_gpu_nvlink_tx_bytes_per_second{{{GPU}}}",
-                        f"{TH.nvlink_link_bytes_per_second / 1e9:g}e9 * sum without (link) "
-                        f"(llmgpu_gpu_nvlink_up{{{GPU}}})",
+                        f"{TH.nvlink_link_bytes_per_second / 1e9:g}e9 * llmgpu_gpu_nvlink_links_up{{{GPU}}}",
                     ),
                     "GPU {{gpu}}",
                     scenarios=("healthy", "nvlink-imbalance"),

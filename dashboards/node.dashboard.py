@@ -94,17 +94,15 @@ compute = Row(
             min_=0,
         ),
         timeseries(
-            "SM occupancy and pipe activity",
-            "Resident warps over the maximum, and the non-tensor FP16, FP32 and FP64 pipes (GPM).",
+            "FP32 pipe activity",
+            "The non-tensor FP32 pipe (GPM): busy while tensor cores idle is maths falling back "
+            "to FP32. SM occupancy and the FP16 and FP64 pipes are in the full metric profile.",
             [
-                q(f"llmgpu_gpu_sm_occupancy_ratio{{{GPU}}}", "GPU {{gpu}} occupancy"),
-                q(f"llmgpu_gpu_fp16_active_ratio{{{GPU}}}", "GPU {{gpu}} FP16"),
                 q(
                     f"llmgpu_gpu_fp32_active_ratio{{{GPU}}}",
                     "GPU {{gpu}} FP32",
                     scenarios=("healthy", "fp32-fallback"),
                 ),
-                q(f"llmgpu_gpu_fp64_active_ratio{{{GPU}}}", "GPU {{gpu}} FP64"),
             ],
             unit="percentunit",
             max_=1,
@@ -249,12 +247,11 @@ clocks = Row(
     "Clocks, power and temperature",
     [
         timeseries(
-            "SM and memory clocks",
-            "Current clocks against each GPU's maximum. A clock held below its maximum under "
+            "SM clock",
+            "Current SM clock against each GPU's maximum. A clock held below its maximum under "
             "load is explained by the throttle reasons beside.",
             [
                 q(f"llmgpu_gpu_sm_clock_hertz{{{GPU}}}", "GPU {{gpu}} SM"),
-                q(f"llmgpu_gpu_memory_clock_hertz{{{GPU}}}", "GPU {{gpu}} memory"),
                 q(f"max(llmgpu_gpu_sm_clock_max_hertz{{{GPU}}})", "SM max"),
             ],
             unit="hertz",
@@ -312,14 +309,10 @@ interconnect = Row(
             unit="Bps",
         ),
         timeseries(
-            "PCIe link and replays",
-            "Current link generation and width against their maximum (a GPU trained to fewer "
-            "lanes or an older generation loses bandwidth), and link replays per second.",
+            "PCIe replays",
+            "Link replays per second: a link that keeps retrying loses bandwidth. Link generation "
+            "and width against their maximum are in the full metric profile.",
             [
-                q(f"llmgpu_gpu_pcie_link_width{{{GPU}}}", "GPU {{gpu}} lanes"),
-                q(f"llmgpu_gpu_pcie_link_width_max{{{GPU}}}", "GPU {{gpu}} lanes max"),
-                q(f"llmgpu_gpu_pcie_link_generation{{{GPU}}}", "GPU {{gpu}} generation"),
-                q(f"llmgpu_gpu_pcie_link_generation_max{{{GPU}}}", "GPU {{gpu}} generation max"),
                 q(
                     f"rate(llmgpu_gpu_pcie_replays_total{{{GPU}}}[$__rate_interval])",
                     "GPU {{gpu}} replays/s",
@@ -328,21 +321,21 @@ interconnect = Row(
             ],
         ),
         timeseries(
-            "NVLink throughput per link",
-            "Data bytes per second on each NVLink link (negative = received). In a "
-            "tensor-parallel group all links should carry about the same.",
+            "NVLink throughput from the link counters",
+            "Data bytes per second on all links of each GPU (negative = received), from the "
+            "cumulative counters: the NVLink load of GPUs without GPM. Per-link counters are in "
+            "the full metric profile.",
             [
                 q(
                     f"rate(llmgpu_gpu_nvlink_tx_bytes_total{{{GPU}}}[$__rate_interval])",
-                    "GPU {{gpu}} link {{link}} tx",
+                    "GPU {{gpu}} tx",
                 ),
                 q(
                     f"-rate(llmgpu_gpu_nvlink_rx_bytes_total{{{GPU}}}[$__rate_interval])",
-                    "GPU {{gpu}} link {{link}} rx",
+                    "GPU {{gpu}} rx",
                 ),
             ],
             unit="Bps",
-            legend="hidden",
         ),
         timeseries(
             "NVLink throughput per GPU",
@@ -355,22 +348,26 @@ interconnect = Row(
             unit="Bps",
         ),
         timeseries(
-            "NVLink errors per link",
-            "Errors per second by link and type (CRC flit, CRC data, replay, recovery). Only "
-            "links with errors are drawn.",
+            "NVLink errors",
+            "Errors per second on all links of each GPU, every type together (CRC flit, CRC data, "
+            "replay, recovery). Only GPUs with errors are drawn; errors by link and type are in "
+            "the full metric profile.",
             [
                 q(
-                    "sum by (gpu, link, type) (\n"
-                    f"  rate(llmgpu_gpu_nvlink_errors_total{{{GPU}}}[$__rate_interval])\n) > 0",
-                    "GPU {{gpu}} link {{link}} {{type}}",
+                    f"rate(llmgpu_gpu_nvlink_errors_total{{{GPU}}}[$__rate_interval]) > 0",
+                    "GPU {{gpu}}",
                     scenarios=NOT_SIMULATED,
                 )
             ],
         ),
         timeseries(
             "NVLink links up",
-            "Active links per GPU. A drop on one GPU while its peers keep theirs is a link failure.",
-            [q(f"sum by (gpu) (llmgpu_gpu_nvlink_up{{{GPU}}})", "GPU {{gpu}}")],
+            "Active links per GPU against the links it has. A drop on one GPU while its peers "
+            "keep theirs is a link failure.",
+            [
+                q(f"llmgpu_gpu_nvlink_links_up{{{GPU}}}", "GPU {{gpu}}"),
+                q(f"max(llmgpu_gpu_nvlink_links{{{GPU}}})", "links"),
+            ],
         ),
     ],
 )
@@ -424,10 +421,10 @@ errors = Row(
         ),
         timeseries(
             "Row remapping",
-            "Rows remapped after ECC errors by cause, and the pending and failed flags. A "
-            "pending remap takes effect at the next GPU reset; a failed one means replacement.",
+            "The pending and failed row-remap flags. A pending remap takes effect at the next "
+            "GPU reset; a failed one means replacement. Rows remapped by cause are in the full "
+            "metric profile.",
             [
-                q(f"llmgpu_gpu_remapped_rows{{{GPU}}}", "GPU {{gpu}} {{cause}}"),
                 q(f"llmgpu_gpu_row_remap_pending{{{GPU}}}", "GPU {{gpu}} pending"),
                 q(f"llmgpu_gpu_row_remap_failed{{{GPU}}}", "GPU {{gpu}} failed"),
             ],

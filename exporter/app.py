@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 
 from exporter import collectors
 from exporter.collectors.base import Context
-from exporter.config import Settings, replace
+from exporter.config import ConfigError, Settings, replace
 from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.engines.attribution import engine_gpus
+from exporter.exposition import Exposure
+from exporter.metricdef import Profile
 from exporter.nvml import Nvml
 from exporter.runner import Attribution, Enricher, Runner
 from exporter.sim import fakenvml
@@ -85,8 +87,26 @@ def pod_attribution(socket: str, closers: list[Callable[[], None]]) -> Attributi
     return labels
 
 
+def exposure(settings: Settings) -> Exposure:
+    """The exposition profile and switches; a family name the catalog does not know fails."""
+    named = (*settings.metrics_enabled, *settings.metrics_disabled)
+    if named:
+        from exporter import catalog  # imports every module: only when names are given
+
+        known = catalog.names()
+        unknown = sorted(set(named) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown metric famil{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)} "
+                "in metrics_enabled/metrics_disabled (names as docs/metrics.md lists them)"
+            )
+    profile: Profile = "full" if settings.metric_profile == "full" else "default"
+    return Exposure.of(profile, settings.metrics_enabled, settings.metrics_disabled)
+
+
 def build(settings: Settings, *, scenario_clock: Callable[[], float] | None = None) -> Exporter:
     """Everything but the HTTP server. Raises NvmlUnavailable without a driver."""
+    shown = exposure(settings)  # bad names fail before anything starts
     scenario = load_scenario(settings)
     timeline = None
     clock: Callable[[], float] = time.time
@@ -123,6 +143,7 @@ def build(settings: Settings, *, scenario_clock: Callable[[], float] | None = No
             attribution=pod_attribution(settings.kubelet_socket, closers)
             if settings.kubelet_socket
             else None,
+            exposure=shown,
         )
     except BaseException:
         _release(closers, nvml, timeline)

@@ -141,8 +141,13 @@ def markdown() -> str:
         "`llmgpu_gpu_metric_supported{family}` says which families each GPU provides.",
         "GPU series also carry `namespace`, `pod` and `container` when pod attribution is on.",
         "",
-        "| name | type | labels | unit | source | GPUs |",
-        "|---|---|---|---|---|---|",
+        "Profile: `default` families are exposed unless switched off (`metric_profile: default`,",
+        "the setting's default); `full` families only with `metric_profile: full` or when named",
+        "in `metrics_enabled` (`--metric NAME`). `metrics_disabled` (`--no-metric NAME`) leaves",
+        "any family out. The diagnosis reads every reading whatever the profile.",
+        "",
+        "| name | type | labels | unit | source | GPUs | profile |",
+        "|---|---|---|---|---|---|---|",
     ]
     for metric, labels, family in rows():
         help_text = metric.help.replace("|", "/")
@@ -153,7 +158,7 @@ def markdown() -> str:
         label_list = ", ".join(f"`{x}`" for x in labels)
         lines.append(
             f"| `{metric.name}` | {metric.kind} | {label_list} | {_unit(metric.name)} "
-            f"| {_source(help_text)} — {description} | {support} |"
+            f"| {_source(help_text)} — {description} | {support} | {metric.profile} |"
         )
     return "\n".join(lines) + "\n"
 

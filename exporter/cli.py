@@ -90,6 +90,21 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="disable a collector (repeatable)",
     )
+    serve.add_argument("--metric-profile", help="default (fleet-sized) or full (per-link and other detail)")
+    serve.add_argument(
+        "--metric",
+        dest="metrics_enabled",
+        action="append",
+        metavar="NAME",
+        help="expose a metric family the profile leaves out (repeatable; names in docs/metrics.md)",
+    )
+    serve.add_argument(
+        "--no-metric",
+        dest="metrics_disabled",
+        action="append",
+        metavar="NAME",
+        help="leave a metric family out (repeatable)",
+    )
 
     health = sub.add_parser(
         "healthcheck", help="exit 0 when the exporter on this host answers /healthz, else 1"

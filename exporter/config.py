@@ -36,6 +36,11 @@ class Settings:
     log_level: str = "info"
     collectors_disabled: tuple[str, ...] = ()
     collectors_enabled: tuple[str, ...] = ()  # those off by default, switched on
+    # exposition: the profile (default: what a fleet stores; full: per-link and other
+    # detail), then metric families by name switched on or off on top of it
+    metric_profile: str = "default"
+    metrics_enabled: tuple[str, ...] = ()
+    metrics_disabled: tuple[str, ...] = ()
     # engines
     engines: tuple[str, ...] = ()  # URLs of /metrics, optionally "type=url"
     discover_processes: bool = True
@@ -160,6 +165,8 @@ def validate(s: Settings) -> None:
             raise ConfigError(f"setting '{key}' must be positive, got {getattr(s, key)}")
     if s.engine_max_labels < 1 or s.engine_max_label_length < 1:
         raise ConfigError("settings 'engine_max_labels' and 'engine_max_label_length' must be at least 1")
+    if s.metric_profile not in ("default", "full"):
+        raise ConfigError(f"setting 'metric_profile' must be default or full, got {s.metric_profile!r}")
     if s.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"setting 'log_level' must be debug, info, warning or error, got {s.log_level!r}")
 

@@ -1,24 +1,64 @@
-"""Snapshot -> Prometheus text and OpenMetrics, rendered once per cycle and served as bytes.
+"""Snapshot -> Prometheus text and OpenMetrics, made when a scrape asks, once per snapshot.
 
-Both formats and their gzip bodies are made here, once per cycle, so a scrape only picks
-cached bytes. The writer is direct (one pass over the samples, label sets formatted once
-each) because going through prometheus_client's generic generator cost ten times more.
+Sampling runs every cycle for the diagnosis; exposition bytes cost more than sampling,
+so they are made only for a snapshot that is scraped: on the first request for a format,
+under a lock of that snapshot so that concurrent scrapes render once, and kept for every
+later request of the same snapshot. The `Exposure` (metric profile and per-family
+switches) decides which families are written. The writer is direct (one pass over the
+samples, label sets formatted once each) because going through prometheus_client's
+generic generator cost ten times more.
 """
 
 from __future__ import annotations
 
 import gzip
 import math
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from exporter.metricdef import Histogram, Labels, MetricDef, samples
+from exporter.metricdef import Histogram, Labels, MetricDef, Planner, Profile, kept, samples
 from exporter.snapshot import GpuUp, Snapshot
 
 TEXT = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
-GZIP_LEVEL = 1  # the body is re-made every cycle: speed over the last few percent of size
+GZIP_LEVEL = 1  # made while a scrape waits: speed over the last few percent of size
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """Which metric families are written: a profile, then families switched on or off by name
+    (a name in both lists is off)."""
+
+    profile: Profile = "default"
+    enabled: frozenset[str] = frozenset()
+    disabled: frozenset[str] = frozenset()
+    _verdicts: dict[str, bool] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    plan: Planner = field(init=False, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "plan", kept(self.allows))  # frozen: set once
+
+    @classmethod
+    def of(cls, profile: Profile, enabled: Iterable[str] = (), disabled: Iterable[str] = ()) -> Exposure:
+        return cls(profile, frozenset(enabled), frozenset(disabled))
+
+    def allows(self, metric: MetricDef) -> bool:
+        verdict = self._verdicts.get(metric.name)
+        if verdict is None:
+            if metric.name in self.disabled:
+                verdict = False
+            elif metric.name in self.enabled:
+                verdict = True
+            else:
+                verdict = self.profile == "full" or metric.profile == "default"
+            self._verdicts[metric.name] = verdict
+        return verdict
+
+
+DEFAULT = Exposure()
+EVERYTHING = Exposure("full")
 
 
 def readings_of(snapshot: Snapshot) -> Iterator[tuple[object, Labels]]:
@@ -38,11 +78,12 @@ def readings_of(snapshot: Snapshot) -> Iterator[tuple[object, Labels]]:
 Family = tuple[MetricDef, list[tuple[Labels, object]]]
 
 
-def families(snapshot: Snapshot) -> list[Family]:
-    """Samples grouped into one family per metric name, sorted by name."""
+def families(snapshot: Snapshot, exposure: Exposure = DEFAULT) -> list[Family]:
+    """Samples of the families `exposure` allows, one family per metric name, sorted by name."""
     by_name: dict[str, Family] = {}
+    plan = exposure.plan
     for reading, base in readings_of(snapshot):
-        for metric, labels, value in samples(reading, base):
+        for metric, labels, value in samples(reading, base, plan):
             fam = by_name.get(metric.name)
             if fam is None:
                 fam = by_name[metric.name] = (metric, [])
@@ -127,24 +168,64 @@ def _write(fams: list[Family]) -> tuple[bytes, bytes]:
     return "".join(text).encode(), "".join(om).encode()
 
 
-@dataclass
 class Rendered:
-    """One cycle's exposition in both formats, plain and gzip."""
+    """One snapshot's exposition in both formats, plain and gzip, each made on first use.
 
-    snapshot: Snapshot
-    text: bytes
-    text_gzip: bytes
-    openmetrics: bytes
-    openmetrics_gzip: bytes
-    rendered_at: float = field(default_factory=time.monotonic)
+    The attributes read like plain bytes; the first read of a body renders it (text and
+    OpenMetrics share one pass over the samples, gzip is per body) under this snapshot's
+    lock, so concurrent scrapes wait for one render instead of making their own.
+    `rendered_at` is when the snapshot was published.
+    """
+
+    def __init__(self, snapshot: Snapshot, exposure: Exposure = DEFAULT) -> None:
+        self.snapshot = snapshot
+        self.exposure = exposure
+        self.rendered_at = time.monotonic()
+        self.renders = 0  # passes over the samples: at most one per snapshot
+        self._lock = threading.RLock()  # a gzip body renders its plain body under it
+        self._bodies: dict[str, bytes] = {}
+
+    def _get(self, key: str) -> bytes:
+        body = self._bodies.get(key)
+        if body is not None:
+            return body
+        with self._lock:
+            body = self._bodies.get(key)
+            if body is None:  # not made by the request that held the lock before us
+                body = self._make(key)
+            return body
+
+    def _make(self, key: str) -> bytes:
+        if key.endswith("_gzip"):
+            plain = self._get(key.removesuffix("_gzip"))  # the lock is held: render inline
+            self._bodies[key] = gzip.compress(plain, compresslevel=GZIP_LEVEL)
+        else:
+            text, om = _write(families(self.snapshot, self.exposure))
+            self.renders += 1
+            self._bodies["text"], self._bodies["openmetrics"] = text, om
+        return self._bodies[key]
+
+    def made(self) -> tuple[str, ...]:
+        """The bodies made so far (tests, benchmarks)."""
+        return tuple(sorted(self._bodies))
+
+    @property
+    def text(self) -> bytes:
+        return self._get("text")
+
+    @property
+    def text_gzip(self) -> bytes:
+        return self._get("text_gzip")
+
+    @property
+    def openmetrics(self) -> bytes:
+        return self._get("openmetrics")
+
+    @property
+    def openmetrics_gzip(self) -> bytes:
+        return self._get("openmetrics_gzip")
 
 
-def render(snapshot: Snapshot) -> Rendered:
-    text, om = _write(families(snapshot))
-    return Rendered(
-        snapshot,
-        text,
-        gzip.compress(text, compresslevel=GZIP_LEVEL),
-        om,
-        gzip.compress(om, compresslevel=GZIP_LEVEL),
-    )
+def render(snapshot: Snapshot, exposure: Exposure = DEFAULT) -> Rendered:
+    """The snapshot ready to serve; nothing is rendered until a body is read."""
+    return Rendered(snapshot, exposure)

@@ -6,6 +6,7 @@ GPU does not support, and its series is absent.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -30,21 +31,26 @@ class DeviceFacts:
         "llmgpu_gpu_sm_clock_max_hertz", "Maximum SM clock (nvmlDeviceGetMaxClockInfo)"
     )
     memory_clock_max_hertz: float | None = gauge(
-        "llmgpu_gpu_memory_clock_max_hertz", "Maximum memory clock (nvmlDeviceGetMaxClockInfo)"
+        "llmgpu_gpu_memory_clock_max_hertz",
+        "Maximum memory clock (nvmlDeviceGetMaxClockInfo)",
+        profile="full",
     )
     power_limit_max_watts: float | None = gauge(
         "llmgpu_gpu_power_limit_max_watts",
         "Largest settable power limit (nvmlDeviceGetPowerManagementLimitConstraints)",
+        profile="full",
     )
     dram_bandwidth_peak_bytes_per_second: float | None = gauge(
         "llmgpu_gpu_dram_bandwidth_peak_bytes_per_second",
         "Datasheet peak DRAM bandwidth for this GPU model (built-in table)",
     )
     pcie_link_generation_max: int | None = gauge(
-        "llmgpu_gpu_pcie_link_generation_max", "Maximum PCIe generation (nvmlDeviceGetMaxPcieLinkGeneration)"
+        "llmgpu_gpu_pcie_link_generation_max",
+        "Maximum PCIe generation (nvmlDeviceGetMaxPcieLinkGeneration)",
+        profile="full",
     )
     pcie_link_width_max: int | None = gauge(
-        "llmgpu_gpu_pcie_link_width_max", "Maximum PCIe lanes (nvmlDeviceGetMaxPcieLinkWidth)"
+        "llmgpu_gpu_pcie_link_width_max", "Maximum PCIe lanes (nvmlDeviceGetMaxPcieLinkWidth)", profile="full"
     )
 
     def get(self, key: str) -> str:
@@ -79,10 +85,14 @@ class Memory:
         "Memory reserved by the driver and firmware (nvmlDeviceGetMemoryInfo_v2)",
     )
     bar1_used_bytes: int | None = gauge(
-        "llmgpu_gpu_bar1_used_bytes", "Used BAR1 aperture memory (nvmlDeviceGetBAR1MemoryInfo)"
+        "llmgpu_gpu_bar1_used_bytes",
+        "Used BAR1 aperture memory (nvmlDeviceGetBAR1MemoryInfo)",
+        profile="full",
     )
     bar1_total_bytes: int | None = gauge(
-        "llmgpu_gpu_bar1_total_bytes", "Total BAR1 aperture memory (nvmlDeviceGetBAR1MemoryInfo)"
+        "llmgpu_gpu_bar1_total_bytes",
+        "Total BAR1 aperture memory (nvmlDeviceGetBAR1MemoryInfo)",
+        profile="full",
     )
 
 
@@ -91,7 +101,7 @@ class Clocks:
     family: ClassVar[str] = "clocks"
     sm_hertz: float | None = gauge("llmgpu_gpu_sm_clock_hertz", "Current SM clock (nvmlDeviceGetClockInfo)")
     memory_hertz: float | None = gauge(
-        "llmgpu_gpu_memory_clock_hertz", "Current memory clock (nvmlDeviceGetClockInfo)"
+        "llmgpu_gpu_memory_clock_hertz", "Current memory clock (nvmlDeviceGetClockInfo)", profile="full"
     )
     event_active: dict[str, int] | None = gauge(
         "llmgpu_gpu_clock_event_active",
@@ -117,6 +127,7 @@ class Power:
     energy_joules: float | None = counter(
         "llmgpu_gpu_energy_joules_total",
         "Energy used since the driver loaded (nvmlDeviceGetTotalEnergyConsumption)",
+        profile="full",
     )
     gpu_celsius: float | None = gauge(
         "llmgpu_gpu_temperature_celsius", "GPU die temperature (nvmlDeviceGetTemperature)"
@@ -148,6 +159,7 @@ class Profiling:
         "llmgpu_gpu_sm_occupancy_ratio",
         "Resident warps over the theoretical maximum (GPM NVML_GPM_METRIC_SM_OCCUPANCY; "
         "DCGM_FI_PROF_SM_OCCUPANCY)",
+        profile="full",
     )
     tensor_active_ratio: float | None = gauge(
         "llmgpu_gpu_tensor_active_ratio",
@@ -162,6 +174,7 @@ class Profiling:
     fp16_active_ratio: float | None = gauge(
         "llmgpu_gpu_fp16_active_ratio",
         "Non-tensor FP16 pipe activity (GPM NVML_GPM_METRIC_FP16_UTIL; DCGM_FI_PROF_PIPE_FP16_ACTIVE)",
+        profile="full",
     )
     fp32_active_ratio: float | None = gauge(
         "llmgpu_gpu_fp32_active_ratio",
@@ -170,14 +183,17 @@ class Profiling:
     fp64_active_ratio: float | None = gauge(
         "llmgpu_gpu_fp64_active_ratio",
         "Non-tensor FP64 pipe activity (GPM NVML_GPM_METRIC_FP64_UTIL; DCGM_FI_PROF_PIPE_FP64_ACTIVE)",
+        profile="full",
     )
     pcie_tx_bytes_per_second: float | None = gauge(
         "llmgpu_gpu_pcie_tx_bytes_per_second",
         "PCIe traffic out of the GPU (GPM NVML_GPM_METRIC_PCIE_TX_PER_SEC; DCGM_FI_PROF_PCIE_TX_BYTES)",
+        profile="full",
     )
     pcie_rx_bytes_per_second: float | None = gauge(
         "llmgpu_gpu_pcie_rx_bytes_per_second",
         "PCIe traffic into the GPU (GPM NVML_GPM_METRIC_PCIE_RX_PER_SEC; DCGM_FI_PROF_PCIE_RX_BYTES)",
+        profile="full",
     )
     nvlink_tx_bytes_per_second: float | None = gauge(
         "llmgpu_gpu_nvlink_tx_bytes_per_second",
@@ -199,6 +215,7 @@ class MetricSource:
         "llmgpu_gpu_metric_source",
         "1 for the collector that gave the GPU's metric this cycle, where two can: gpm (NVML GPM) "
         "or dcgm (a co-located dcgm-exporter) (runner)",
+        profile="full",  # one series per profiling metric: `--metric llmgpu_gpu_metric_source`
     )
 
 
@@ -226,36 +243,90 @@ class Pcie:
         "PCIe link replays (nvmlDeviceGetFieldValues NVML_FI_DEV_PCIE_REPLAY_COUNTER)",
     )
     link_generation: int | None = gauge(
-        "llmgpu_gpu_pcie_link_generation", "Current PCIe generation (nvmlDeviceGetCurrPcieLinkGeneration)"
+        "llmgpu_gpu_pcie_link_generation",
+        "Current PCIe generation (nvmlDeviceGetCurrPcieLinkGeneration)",
+        profile="full",
     )
     link_width: int | None = gauge(
-        "llmgpu_gpu_pcie_link_width", "Current PCIe lanes (nvmlDeviceGetCurrPcieLinkWidth)"
+        "llmgpu_gpu_pcie_link_width", "Current PCIe lanes (nvmlDeviceGetCurrPcieLinkWidth)", profile="full"
     )
 
 
 @dataclass(frozen=True)
 class NvLinkPort:
+    """One link: per-link detail, exposed in the full profile only."""
+
     link: int = label()
-    up: int | None = gauge("llmgpu_gpu_nvlink_up", "1 while the link is active (nvmlDeviceGetNvLinkState)")
+    up: int | None = gauge(
+        "llmgpu_gpu_nvlink_link_up", "1 while the link is active (nvmlDeviceGetNvLinkState)", profile="full"
+    )
     tx_bytes: int | None = counter(
-        "llmgpu_gpu_nvlink_tx_bytes_total",
+        "llmgpu_gpu_nvlink_link_tx_bytes_total",
         "Data bytes sent on the link (nvmlDeviceGetFieldValues NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX)",
+        profile="full",
     )
     rx_bytes: int | None = counter(
-        "llmgpu_gpu_nvlink_rx_bytes_total",
+        "llmgpu_gpu_nvlink_link_rx_bytes_total",
         "Data bytes received on the link (nvmlDeviceGetFieldValues NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)",
+        profile="full",
     )
     errors: dict[str, int] | None = counter(
-        "llmgpu_gpu_nvlink_errors_total",
+        "llmgpu_gpu_nvlink_link_errors_total",
         "Link errors by type (nvmlDeviceGetNvLinkErrorCounter)",
         label="type",
+        profile="full",
     )
+
+
+def _sum(values: Iterable[int | None]) -> int | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
 
 
 @dataclass(frozen=True)
 class NvLink:
+    """A GPU's links, and their per-GPU totals (filled from the links when not given).
+
+    The totals are what the default profile exposes: 7 series per link (126 on an H100)
+    fold into 5 per GPU, and they are what the diagnosis reads.
+    """
+
     family: ClassVar[str] = "nvlink"
+    link_count: int | None = gauge(
+        "llmgpu_gpu_nvlink_links", "Links whose state NVML reports (nvmlDeviceGetNvLinkState)"
+    )
+    links_up: int | None = gauge(
+        "llmgpu_gpu_nvlink_links_up", "Links active, of llmgpu_gpu_nvlink_links (nvmlDeviceGetNvLinkState)"
+    )
+    tx_bytes: int | None = counter(
+        "llmgpu_gpu_nvlink_tx_bytes_total",
+        "Data bytes sent on all links together "
+        "(nvmlDeviceGetFieldValues NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, summed over links)",
+    )
+    rx_bytes: int | None = counter(
+        "llmgpu_gpu_nvlink_rx_bytes_total",
+        "Data bytes received on all links together "
+        "(nvmlDeviceGetFieldValues NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, summed over links)",
+    )
+    errors: int | None = counter(
+        "llmgpu_gpu_nvlink_errors_total",
+        "Link errors of every type on all links together (nvmlDeviceGetNvLinkErrorCounter, summed)",
+    )
     links: tuple[NvLinkPort, ...] = nested(NvLinkPort)
+
+    def __post_init__(self) -> None:
+        # Frozen: the totals are set once here, from the links, unless the caller gave them.
+        states = [p.up for p in self.links if p.up is not None]
+        totals = {
+            "link_count": len(states) if states or not self.links else None,
+            "links_up": sum(states) if states or not self.links else None,
+            "tx_bytes": _sum(p.tx_bytes for p in self.links),
+            "rx_bytes": _sum(p.rx_bytes for p in self.links),
+            "errors": _sum(v for p in self.links for v in (p.errors or {}).values()),
+        }
+        for name, value in totals.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True)
@@ -273,6 +344,7 @@ class Ecc:
         "llmgpu_gpu_remapped_rows",
         "Rows remapped after ECC errors, by cause (nvmlDeviceGetRemappedRows)",
         label="cause",
+        profile="full",
     )
     remap_pending: int | None = gauge(
         "llmgpu_gpu_row_remap_pending", "1 when a row remap awaits a GPU reset (nvmlDeviceGetRemappedRows)"

@@ -8,11 +8,16 @@ engine cannot provide it: the series is left out, never exported as zero.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Kind = Literal["gauge", "counter", "info", "histogram", "summary"]
+# Which exposition profile a family belongs to: `default` is what a fleet stores (every
+# input of the diagnosis, the dashboards and the rules); `full` adds per-link and other
+# detail. The profile filters exposition only; readings and the diagnosis see everything.
+Profile = Literal["default", "full"]
+PROFILES: tuple[Profile, ...] = ("default", "full")
 
 
 @dataclass(frozen=True)
@@ -23,31 +28,32 @@ class MetricDef:
     kind: Kind
     help: str
     label: str | None = None  # extra label when the field holds a mapping key -> value
+    profile: Profile = "default"  # the smallest profile that exposes it
 
 
-def gauge(name: str, help: str, *, label: str | None = None) -> Any:
-    return field(default=None, metadata={"metric": MetricDef(name, "gauge", help, label)})
+def gauge(name: str, help: str, *, label: str | None = None, profile: Profile = "default") -> Any:
+    return field(default=None, metadata={"metric": MetricDef(name, "gauge", help, label, profile)})
 
 
-def counter(name: str, help: str, *, label: str | None = None) -> Any:
+def counter(name: str, help: str, *, label: str | None = None, profile: Profile = "default") -> Any:
     assert name.endswith("_total"), name
-    return field(default=None, metadata={"metric": MetricDef(name, "counter", help, label)})
+    return field(default=None, metadata={"metric": MetricDef(name, "counter", help, label, profile)})
 
 
-def info(name: str, help: str) -> Any:
+def info(name: str, help: str, *, profile: Profile = "default") -> Any:
     """A mapping of label -> value exposed as one `<name>` sample with value 1."""
     assert name.endswith("_info"), name
-    return field(default=None, metadata={"metric": MetricDef(name, "info", help)})
+    return field(default=None, metadata={"metric": MetricDef(name, "info", help, None, profile)})
 
 
-def histogram(name: str, help: str) -> Any:
-    return field(default=None, metadata={"metric": MetricDef(name, "histogram", help)})
+def histogram(name: str, help: str, *, profile: Profile = "default") -> Any:
+    return field(default=None, metadata={"metric": MetricDef(name, "histogram", help, None, profile)})
 
 
-def summary(name: str, help: str, *, label: str | None = None) -> Any:
+def summary(name: str, help: str, *, label: str | None = None, profile: Profile = "default") -> Any:
     """Precomputed quantiles: labels include `quantile`, so the family must be a summary
     (promtool rejects that label on a gauge). No _sum or _count."""
-    return field(default=None, metadata={"metric": MetricDef(name, "summary", help, label)})
+    return field(default=None, metadata={"metric": MetricDef(name, "summary", help, label, profile)})
 
 
 def label(default: Any = dataclasses.MISSING) -> Any:
@@ -96,17 +102,43 @@ def _plan(cls: type[Any]) -> Plan:
     return _PLANS[cls]
 
 
-def samples(reading: object, base: Labels = ()) -> Iterator[Sample]:
+Planner = Callable[[type[Any]], Plan]
+
+
+def kept(keep: Callable[[MetricDef], bool]) -> Planner:
+    """Plans without the metrics `keep` refuses, nor nested readings left with none, so a
+    walk never visits what exposition would drop (per-link readings in the default profile)."""
+    plans: dict[type, Plan] = {}
+
+    def plan(cls: type[Any]) -> Plan:
+        found = plans.get(cls)
+        if found is None:
+            nested_of = {
+                f.name: f.metadata["of"] for f in dataclasses.fields(cls) if f.metadata.get("nested")
+            }
+            found = plans[cls] = tuple(
+                (attr, role, metric)
+                for attr, role, metric in _plan(cls)
+                if role == "label"
+                or (role == "metric" and metric is not None and keep(metric))
+                or (role == "nested" and any(keep(m) for m in metric_defs(nested_of[attr])))
+            )
+        return found
+
+    return plan
+
+
+def samples(reading: object, base: Labels = (), plan: Planner = _plan) -> Iterator[Sample]:
     """Every (metric, labels, value) a reading holds, `None` values skipped."""
     labels = base
-    for attr, role, metric in _plan(type(reading)):
+    for attr, role, metric in plan(type(reading)):
         value = getattr(reading, attr)
         if role == "label":
             if value is not None:
                 labels = (*labels, (attr, str(value)))
         elif role == "nested":
             for sub in value:
-                yield from samples(sub, labels)
+                yield from samples(sub, labels, plan)
         elif value is None:
             continue
         elif metric is not None and metric.label is not None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from exporter import __version__
 from exporter.collectors.base import Collector, Output
-from exporter.exposition import Rendered, render
+from exporter.exposition import DEFAULT, Exposure, Rendered, render
 from exporter.gpu_readings import DeviceFacts, MetricSource, MetricSources, Xid
 from exporter.metricdef import has_value
 from exporter.snapshot import CollectorStatus, ExporterInfo, GpuState, Snapshot
@@ -90,8 +90,10 @@ class Runner:
         clock: Callable[[], float] = time.time,
         simulated: bool = False,
         attribution: Attribution | None = None,
+        exposure: Exposure = DEFAULT,
     ) -> None:
         self.interval = interval
+        self.exposure = exposure
         self.gpu_count = gpu_count
         self.enrichers = list(enrichers)
         self.clock = clock
@@ -193,7 +195,7 @@ class Runner:
                 log.exception("enricher %s failed", getattr(enrich, "__name__", enrich))
                 continue
             snapshot = snapshot.with_node(added)
-        rendered = render(snapshot)
+        rendered = render(snapshot, self.exposure)  # bytes are made when a scrape asks
         self._cycle_seconds = time.monotonic() - started
         self.published = rendered
         return rendered

@@ -44,6 +44,7 @@ class GpuUp:
         "llmgpu_gpu_metric_supported",
         "1 when the GPU provides the metric family, 0 when it does not (its series are then absent)",
         label="family",
+        profile="full",
     )
 
 
@@ -54,7 +55,8 @@ class ExporterInfo:
         "llmgpu_exporter_simulated", "1 when GPUs and engines come from the built-in simulator"
     )
     cycle_seconds: float | None = gauge(
-        "llmgpu_exporter_cycle_duration_seconds", "Time to compose, diagnose and render the last snapshot"
+        "llmgpu_exporter_cycle_duration_seconds",
+        "Time to compose and diagnose the last snapshot; its bytes are made when a scrape asks",
     )
     scrapes: int | None = counter("llmgpu_exporter_scrapes_total", "Requests served on /metrics")
     auth_failures: dict[str, int] | None = counter(

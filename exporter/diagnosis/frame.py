@@ -218,14 +218,10 @@ def _gpu(state: GpuState, allocators: tuple[AllocFrame, ...]) -> GpuFrame:
         reasons = tuple(sorted(active))
     links_up = None
     tx_total = rx_total = None
-    if nvlink and nvlink.links:
-        ups = [p.up for p in nvlink.links if p.up is not None]
-        links_up = sum(ups) if ups else None
-        txs = [p.tx_bytes for p in nvlink.links if p.tx_bytes is not None]
-        rxs = [p.rx_bytes for p in nvlink.links if p.rx_bytes is not None]
-        tx_total = float(sum(txs)) if txs else None
-        rx_total = float(sum(rxs)) if rxs else None
-    elif nvlink is not None or state.supported.get("nvlink") is False:
+    if nvlink is not None:  # the per-GPU totals, as the default profile exposes them
+        links_up = nvlink.links_up
+        tx_total, rx_total = _f(nvlink.tx_bytes), _f(nvlink.rx_bytes)
+    elif state.supported.get("nvlink") is False:
         links_up = 0  # the GPU has no NVLink: its peers are reached over PCIe
     return GpuFrame(
         index=state.index,

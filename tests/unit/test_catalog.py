@@ -66,7 +66,7 @@ def missing(text: str) -> dict[str, set[str]]:
 
 @pytest.fixture
 def reference(sim) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    s = sim(REFERENCE_H100)
+    s = sim(REFERENCE_H100, metric_profile="full")
     s.at(10)
     s.at(20)  # GPM compares two samples
     yield s.text()
@@ -83,7 +83,7 @@ def test_the_reference_h100_produces_every_metric_of_the_families_it_claims(refe
 
 
 def test_a_counter_without_a_fake_function_is_caught(sim, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    s = sim(REFERENCE_H100)
+    s = sim(REFERENCE_H100, metric_profile="full")
     # The fake library without the energy call: pynvml answers FunctionNotFound, as an old
     # driver would, and the energy counter is absent while its family is claimed.
     name = "nvmlDeviceGetTotalEnergyConsumption"

@@ -59,7 +59,12 @@ def status_errors(snap: Snapshot) -> dict[str, int]:
 
 @pytest.fixture
 def faults(sim):  # type: ignore[no-untyped-def]
-    return sim(FAULTS, engine_timeout=0.5, engine_max_bytes=1024 * 1024)
+    return sim(
+        FAULTS,
+        engine_timeout=0.5,
+        engine_max_bytes=1024 * 1024,
+        metrics_enabled=("llmgpu_gpu_metric_source",),  # full-profile family, switched on
+    )
 
 
 def test_no_profiling_sample_before_dcgms_first_window(faults) -> None:  # type: ignore[no-untyped-def]

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import app, catalog
 from exporter.config import Settings
-from exporter.exposition import render
+from exporter.exposition import EVERYTHING, render
 from exporter.metricdef import Histogram, MetricDef, samples
 from exporter.sim.scenario import builtin_names
 from exporter.snapshot import Snapshot
@@ -35,7 +35,7 @@ def test_catalog_names_follow_conventions() -> None:
 
 def _scrape(name: str) -> str:
     *_, last = app.simulate(Settings(simulate=name), step_s=60.0)
-    return render(last).text.decode()
+    return render(last, EVERYTHING).text.decode()  # the full profile: every family, a superset
 
 
 @pytest.mark.system

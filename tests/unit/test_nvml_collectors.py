@@ -68,10 +68,13 @@ def test_readings_are_in_base_units(sim) -> None:  # type: ignore[no-untyped-def
 
 
 def test_older_gpu_leaves_unsupported_families_absent(sim) -> None:  # type: ignore[no-untyped-def]
-    s = sim("""
+    s = sim(
+        """
         gpus: {count: 1, model: L4}
         phases: [{name: p, duration: 10, gpu: {util: 0.5}}]
-    """)
+    """,
+        metric_profile="full",  # llmgpu_gpu_metric_supported is detail
+    )
     s.at(1)
     g = s.at(2).gpu(0)
     assert g.get(Profiling) is None and g.supported["gpm"] is False

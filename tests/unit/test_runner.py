@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from exporter.collectors.base import Collector, Output
+from exporter.exposition import Exposure
 from exporter.gpu_readings import Power, Utilization
 from exporter.runner import Runner
 
@@ -78,7 +79,7 @@ class TwoGpuPower(Collector):
 def test_a_stalled_collector_keeps_its_counters_not_its_gauges() -> None:
     # A run hung on one GPU leaves the whole collector's output ageing: counters must not
     # vanish on every GPU meanwhile (nor for the scrapes until the hung call returns).
-    runner = Runner([TwoGpuPower()], interval=0.05, gpu_count=2)
+    runner = Runner([TwoGpuPower()], interval=0.05, gpu_count=2, exposure=Exposure.of("full"))
     slot = runner._slots[0]
     runner.run_collector(slot)
     slot.completed_at = time.monotonic() - 30  # last completed run 30 s ago
