@@ -81,6 +81,14 @@ class SmiProcess:
 
 
 @dataclass(frozen=True)
+class SmiMigDevice:
+    """One MIG device of a GPU, as `-q -x` lists it under mig_devices."""
+
+    multiprocessors: int
+    memory_total_bytes: int
+
+
+@dataclass(frozen=True)
 class SmiGpu:
     name: str
     uuid: str
@@ -113,6 +121,7 @@ class SmiGpu:
     pcie_width: int | None = None
     pcie_width_max: int | None = None
     processes: tuple[SmiProcess, ...] | None = None  # None: this output does not list them
+    mig_devices: tuple[SmiMigDevice, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -240,7 +249,18 @@ def _xml_gpu(g: ET.Element) -> SmiGpu:
         pcie_width=_int(g.findtext(link + "link_widths/current_link_width")),
         pcie_width_max=_int(g.findtext(link + "link_widths/max_link_width")),
         processes=_xml_processes(g),
+        mig_devices=_xml_mig_devices(g),
     )
+
+
+def _xml_mig_devices(g: ET.Element) -> tuple[SmiMigDevice, ...]:
+    out = []
+    for d in g.findall("mig_devices/mig_device"):
+        sms = _int(d.findtext("device_attributes/shared/multiprocessor_count"))
+        total = _bytes(d.findtext("fb_memory_usage/total"))
+        if sms is not None and total is not None:
+            out.append(SmiMigDevice(multiprocessors=sms, memory_total_bytes=total))
+    return tuple(out)
 
 
 def _xml_clock_events(g: ET.Element) -> frozenset[str] | None:

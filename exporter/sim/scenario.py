@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from functools import partial
 from importlib import resources
 from pathlib import Path
@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from exporter.sim.drivers import DRIVERS, Profile, profile
+from exporter.sim.drivers import NO_QUIRKS, PARTS, Part, Profile, inline_part, resolve_driver
 
 
 class ScenarioError(ValueError):
@@ -39,6 +39,7 @@ class GpuModel:
     pcie_generation: int
     pcie_width: int = 16
     multiprocessors: int = 132
+    memory_reserved_bytes: int = 512 * 1024**2  # nvmlMemory_v2_t.reserved: driver and firmware
 
 
 GIB = 1024**3
@@ -84,6 +85,16 @@ GPU_KEYS: dict[str, float] = {
     "nvlink_error_rate": 0.0,
     "ecc_corrected_rate": 0.0,
     "ecc_uncorrected_rate": 0.0,
+    # Levels, not rates: what the GPU had counted before the scenario began, the current
+    # PCIe link (0: trained to the part's maximum; an idle link trains down), row remapping.
+    "ecc_corrected_base": 0.0,
+    "ecc_uncorrected_base": 0.0,
+    "pcie_link_gen": 0.0,
+    "pcie_link_width": 0.0,
+    "remapped_rows_correctable": 0.0,
+    "remapped_rows_uncorrectable": 0.0,
+    "remap_pending": 0.0,  # 1: a remapping waits for the next reset
+    "remap_failed": 0.0,
 }
 
 # Per-engine quantities a phase may set; the simulated engines read them.
@@ -168,6 +179,11 @@ class Scenario:
     mig: MigSpec | None = None
     expect_findings: tuple[str, ...] = ()
     profile: Profile = field(default_factory=Profile)  # driver branch and part quirks
+    # Identities of recorded GPUs, where the fake would make them up; `steady` drops the
+    # fake's wobble so values are exactly the timeline's (replaying a recording).
+    uuids: tuple[str, ...] = ()
+    pci_bus_ids: tuple[str, ...] = ()
+    steady: bool = False
 
     @property
     def duration(self) -> float:
@@ -304,11 +320,23 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
     if not isinstance(count, int) or not 1 <= count <= 1024:
         raise fail("gpus.count", "an integer from 1 to 1024")
     model_name = gpus.get("model", "H100-80GB-SXM")
-    if model_name not in MODELS:
-        raise fail("gpus.model", f"one of {', '.join(MODELS)}")
-    driver = gpus.get("driver")
-    if driver is not None and driver not in DRIVERS:
-        raise fail("gpus.driver", f"one of {', '.join(DRIVERS)}")
+    if isinstance(model_name, dict):
+        gpu_model, part = _inline_model(model_name, fail)
+    elif model_name in MODELS:
+        gpu_model, part = MODELS[model_name], PARTS.get(model_name, NO_QUIRKS)
+    else:
+        raise fail("gpus.model", f"one of {', '.join(MODELS)}, or a mapping of GpuModel fields")
+    try:
+        driver = resolve_driver(_opt_str(gpus.get("driver")), _opt_str(gpus.get("cuda")))
+    except ValueError as err:
+        raise fail("gpus.driver/cuda", str(err)) from None
+    ids = {k: gpus.get(k, []) for k in ("uuids", "pci_bus_ids")}
+    for key, value in ids.items():
+        strings = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        if not strings or (value and len(value) != count):
+            raise fail(f"gpus.{key}", f"a list of {count} strings, one per GPU")
+    if not isinstance(gpus.get("steady", False), bool):
+        raise fail("gpus.steady", "true or false")
     mig_monitor = gpus.get("mig_monitor", True)
     if not isinstance(mig_monitor, bool):
         raise fail("gpus.mig_monitor", "true or false")
@@ -338,14 +366,54 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
         name=str(data.get("name", Path(source).stem)),
         description=str(data.get("description", "")),
         gpu_count=count,
-        gpu_model=MODELS[model_name],
+        gpu_model=gpu_model,
         phases=phases,
         faults=faults,
         engines=engines,
         mig=mig,
         expect_findings=tuple(findings),
-        profile=profile(model_name, driver, mig_monitor),
+        profile=Profile(driver, part, mig_monitor),
+        uuids=tuple(ids["uuids"]),
+        pci_bus_ids=tuple(ids["pci_bus_ids"]),
+        steady=gpus.get("steady", False),
     )
+
+
+def _opt_str(v: Any) -> str | None:
+    """YAML reads `driver: 535.54` as a number; a version is text either way."""
+    return None if v is None else str(v)
+
+
+_FIELD_TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
+
+
+def _inline_model(raw: dict[str, Any], fail: Callable[[str, str], ScenarioError]) -> tuple[GpuModel, Part]:
+    """A GPU part no built-in model fits: GpuModel's fields, and what the part cannot do
+    (`not_supported` NVML functions, `fields_not_supported` field ids)."""
+    raw = dict(raw)
+    quirks = {k: raw.pop(k) for k in ("not_supported", "fields_not_supported") if k in raw}
+    known = {f.name: f for f in fields(GpuModel)}
+    if unknown := sorted(set(raw) - set(known)):
+        also = "not_supported, fields_not_supported"
+        raise fail(f"gpus.model.{unknown[0]}", f"one of {', '.join(known)}, {also}")
+    values: dict[str, Any] = {}
+    for name, f in known.items():
+        kind = _FIELD_TYPES[str(f.type)]
+        if name not in raw:
+            if f.default is MISSING:
+                raise fail(f"gpus.model.{name}", f"given (a {kind.__name__}) for an inline model")
+            continue
+        v = raw[name]
+        if kind is float:
+            v = _number(v, partial(fail, f"gpus.model.{name}", "a number"))
+        elif not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+            raise fail(f"gpus.model.{name}", f"a {kind.__name__}")
+        values[name] = v
+    try:
+        part = inline_part(quirks.get("not_supported") or (), quirks.get("fields_not_supported") or ())
+    except (TypeError, ValueError) as err:
+        raise fail("gpus.model", str(err)) from None
+    return GpuModel(**values), part
 
 
 def _list(data: dict[str, Any], key: str, fail: Callable[[str, str], ScenarioError]) -> list[Any]:
