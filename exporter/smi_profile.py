@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from exporter.gpu_specs import spec_of
-from exporter.smi import MIB, SmiError, SmiGpu, SmiLog
+from exporter.smi import MIB, SmiError, SmiGpu, SmiLog, SmiProcess
 
 # Exporter clock-event reason -> the scenario key that holds it active.
 THROTTLE_KEYS: Final[dict[str, str]] = {
@@ -32,9 +32,12 @@ NOT_THROTTLE: Final = frozenset({"gpu_idle", "display_clocks"})
 PHASE_SECONDS: Final = 600.0
 
 
-def scenario_of(log: SmiLog, name: str = "recorded") -> dict[str, Any]:
-    """Scenario data for the GPUs of `log`; SmiError when the log cannot be reproduced
-    (GPUs of different parts, a reading the fake has no way to show)."""
+def scenario_of(
+    log: SmiLog, processes: tuple[SmiProcess, ...] | None = None, name: str = "recorded"
+) -> dict[str, Any]:
+    """Scenario data for the GPUs of `log`, running the compute processes of `processes`
+    (`--query-compute-apps`) or else of the log (`-q -x`); SmiError when the log cannot
+    be reproduced (GPUs of different parts, a reading the fake has no way to show)."""
     if not log.gpus:
         raise SmiError("the nvidia-smi log lists no GPU")
     if log.driver_version is None:
@@ -54,6 +57,20 @@ def scenario_of(log: SmiLog, name: str = "recorded") -> dict[str, Any]:
     }
     if log.cuda_version is not None:
         gpus["cuda"] = log.cuda_version
+    index = {g.uuid: i for i, g in enumerate(log.gpus)}
+    listed = processes if processes is not None else tuple(p for g in log.gpus for p in g.processes or ())
+    running: dict[int, list[dict[str, int]]] = {}
+    for p in listed:
+        if not p.compute:
+            continue  # graphics processes are not in NVML's compute list
+        if p.gpu_uuid not in index:
+            raise SmiError(f"process {p.pid} runs on {p.gpu_uuid!r}, a GPU the log does not list")
+        if p.used_memory_bytes is None:
+            raise SmiError(f"process {p.pid}: nvidia-smi recorded no memory use, which the fake must answer")
+        entry = {"pid": p.pid, "used_memory_bytes": p.used_memory_bytes}
+        running.setdefault(index[p.gpu_uuid], []).append(entry)
+    if running:
+        gpus["processes"] = running
     data: dict[str, Any] = {
         "name": name,
         "description": f"{len(log.gpus)}x {first.name}, driver {log.driver_version}, as nvidia-smi recorded",

@@ -184,6 +184,7 @@ class Scenario:
     uuids: tuple[str, ...] = ()
     pci_bus_ids: tuple[str, ...] = ()
     steady: bool = False
+    processes: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)  # (pid, bytes)
 
     @property
     def duration(self) -> float:
@@ -337,6 +338,15 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
             raise fail(f"gpus.{key}", f"a list of {count} strings, one per GPU")
     if not isinstance(gpus.get("steady", False), bool):
         raise fail("gpus.steady", "true or false")
+    try:
+        procs = {
+            int(g): tuple((int(p["pid"]), int(p["used_memory_bytes"])) for p in listed)
+            for g, listed in (gpus.get("processes") or {}).items()
+        }
+    except (AttributeError, KeyError, TypeError, ValueError) as err:
+        raise fail("gpus.processes", "{gpu index: [{pid, used_memory_bytes}]}") from err
+    if any(not 0 <= g < count for g in procs):
+        raise fail("gpus.processes", f"keyed by GPU indexes below {count}")
     mig_monitor = gpus.get("mig_monitor", True)
     if not isinstance(mig_monitor, bool):
         raise fail("gpus.mig_monitor", "true or false")
@@ -376,6 +386,7 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
         uuids=tuple(ids["uuids"]),
         pci_bus_ids=tuple(ids["pci_bus_ids"]),
         steady=gpus.get("steady", False),
+        processes=procs,
     )
 
 
