@@ -95,6 +95,8 @@ class SmiGpu:
     pci_bus_id: str
     architecture: str | None = None
     mig_enabled: bool | None = None
+    gpu_busy_ratio: float | None = None  # utilization.gpu, 0-1 (N/A with MIG on)
+    memory_busy_ratio: float | None = None
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None
     memory_free_bytes: int | None = None
@@ -166,6 +168,12 @@ def _bytes(text: str | None, default_unit: str = "mib") -> int | None:
     return None if v is None else round(v)
 
 
+def _ratio(text: str | None) -> float | None:
+    """'37 %' as 0.37."""
+    v = quantity(text, "%", "%")
+    return None if v is None else v / 100
+
+
 def _int(text: str | None) -> int | None:
     v = quantity(text, "x")
     return None if v is None else round(v)
@@ -223,6 +231,8 @@ def _xml_gpu(g: ET.Element) -> SmiGpu:
         pci_bus_id=text_value(g.findtext("pci/pci_bus_id")) or g.get("id") or "",
         architecture=text_value(g.findtext("product_architecture")),
         mig_enabled=_yes(g.findtext("mig_mode/current_mig")),
+        gpu_busy_ratio=_ratio(g.findtext("utilization/gpu_util")),
+        memory_busy_ratio=_ratio(g.findtext("utilization/memory_util")),
         memory_total_bytes=_bytes(g.findtext("fb_memory_usage/total")),
         memory_used_bytes=_bytes(g.findtext("fb_memory_usage/used")),
         memory_free_bytes=_bytes(g.findtext("fb_memory_usage/free")),
@@ -392,6 +402,8 @@ def parse_query_gpu_csv(text: str) -> SmiLog:
                 uuid=text_value(get("uuid", "gpu_uuid")) or "",
                 pci_bus_id=text_value(get("pci.bus_id", "gpu_bus_id")) or "",
                 mig_enabled=_yes(get("mig.mode.current")),
+                gpu_busy_ratio=_ratio(get("utilization.gpu")),
+                memory_busy_ratio=_ratio(get("utilization.memory")),
                 memory_total_bytes=_bytes(get("memory.total")),
                 memory_used_bytes=_bytes(get("memory.used")),
                 memory_free_bytes=_bytes(get("memory.free")),

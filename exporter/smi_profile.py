@@ -107,6 +107,7 @@ def _model(g: SmiGpu) -> dict[str, Any]:
     not_supported = [
         function
         for function, recorded in (
+            ("nvmlDeviceGetUtilizationRates", g.gpu_busy_ratio),
             ("nvmlDeviceGetTotalEccErrors", g.ecc_corrected),
             ("nvmlDeviceGetRemappedRows", g.remapped_rows_correctable),
             ("nvmlDeviceGetMigMode", g.mig_enabled),
@@ -139,6 +140,11 @@ def _readings(g: SmiGpu) -> dict[str, float]:
     """One GPU's recorded readings as scenario values."""
     total = _required(g, "memory_total_bytes")
     values: dict[str, float] = {"memory_used_ratio": (g.memory_used_bytes or 0) / total}
+    # GPU idle (a clock-event reason the exporter leaves out) follows utilization in the fake.
+    if g.gpu_busy_ratio is not None:
+        values["util"] = g.gpu_busy_ratio
+    if g.memory_busy_ratio is not None:
+        values["mem_busy"] = g.memory_busy_ratio
     if g.power_draw_watts is not None:
         values["power_ratio"] = g.power_draw_watts / _required(g, "power_limit_watts")
     if g.gpu_celsius is not None:
