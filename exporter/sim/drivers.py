@@ -126,11 +126,12 @@ class Part:
     grace: bool = False
 
 
-# Parts on PCIe without MIG or row remapping (L4, L40S: Ada).
-_ADA = Part(not_supported=frozenset({"nvmlDeviceGetMigMode", "nvmlDeviceGetRemappedRows"}))
 PARTS: dict[str, Part] = {
-    "L4": _ADA,
-    "L40S": _ADA,
+    # Ada on PCIe: no MIG. The L40S remaps rows (nvidia-smi on 595.80 prints its counts,
+    # tests/fixtures/nvidia-smi/l40s-595.80-load.query-gpu.csv); no recording shows the
+    # L4's, so it keeps answering NotSupported there.
+    "L4": Part(not_supported=frozenset({"nvmlDeviceGetMigMode", "nvmlDeviceGetRemappedRows"})),
+    "L40S": Part(not_supported=frozenset({"nvmlDeviceGetMigMode"})),
     "GH200-96GB": Part(grace=True),
     # A consumer part: no ECC, MIG, row remapping, NVLink or GPM; no HBM sensor or
     # clock-event durations; no energy counter.
