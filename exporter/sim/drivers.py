@@ -203,7 +203,7 @@ def inline_part(not_supported: Iterable[str] = (), fields_not_supported: Iterabl
     if isinstance(not_supported, str) or isinstance(fields_not_supported, str):
         raise ValueError("lists in not_supported and fields_not_supported, not a single string")
     functions = frozenset(not_supported)
-    if bad := sorted(f for f in functions if not isinstance(f, str) or not f.startswith("nvml")):
+    if bad := sorted(repr(f) for f in functions if not isinstance(f, str) or not f.startswith("nvml")):
         raise ValueError(f"NVML function names (nvmlDevice...) in not_supported, not {bad}")
     ids = set()
     for f in fields_not_supported:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import partial
 from importlib import resources
 from pathlib import Path
@@ -20,7 +20,8 @@ from typing import Any
 
 import yaml
 
-from exporter.sim.drivers import NO_QUIRKS, PARTS, Part, Profile, inline_part, resolve_driver
+from exporter.sim.drivers import NO_QUIRKS, PARTS, Profile
+from exporter.sim.recorded_gpus import identities, inline_model, recorded_driver
 
 
 class ScenarioError(ValueError):
@@ -322,31 +323,12 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
         raise fail("gpus.count", "an integer from 1 to 1024")
     model_name = gpus.get("model", "H100-80GB-SXM")
     if isinstance(model_name, dict):
-        gpu_model, part = _inline_model(model_name, fail)
+        gpu_model, part = inline_model(model_name, GpuModel, fail)
     elif model_name in MODELS:
         gpu_model, part = MODELS[model_name], PARTS.get(model_name, NO_QUIRKS)
     else:
         raise fail("gpus.model", f"one of {', '.join(MODELS)}, or a mapping of GpuModel fields")
-    try:
-        driver = resolve_driver(_opt_str(gpus.get("driver")), _opt_str(gpus.get("cuda")))
-    except ValueError as err:
-        raise fail("gpus.driver/cuda", str(err)) from None
-    ids = {k: gpus.get(k, []) for k in ("uuids", "pci_bus_ids")}
-    for key, value in ids.items():
-        strings = isinstance(value, list) and all(isinstance(v, str) for v in value)
-        if not strings or (value and len(value) != count):
-            raise fail(f"gpus.{key}", f"a list of {count} strings, one per GPU")
-    if not isinstance(gpus.get("steady", False), bool):
-        raise fail("gpus.steady", "true or false")
-    try:
-        procs = {
-            int(g): tuple((int(p["pid"]), int(p["used_memory_bytes"])) for p in listed)
-            for g, listed in (gpus.get("processes") or {}).items()
-        }
-    except (AttributeError, KeyError, TypeError, ValueError) as err:
-        raise fail("gpus.processes", "{gpu index: [{pid, used_memory_bytes}]}") from err
-    if any(not 0 <= g < count for g in procs):
-        raise fail("gpus.processes", f"keyed by GPU indexes below {count}")
+    driver = recorded_driver(gpus, fail)
     mig_monitor = gpus.get("mig_monitor", True)
     if not isinstance(mig_monitor, bool):
         raise fail("gpus.mig_monitor", "true or false")
@@ -383,48 +365,8 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
         mig=mig,
         expect_findings=tuple(findings),
         profile=Profile(driver, part, mig_monitor),
-        uuids=tuple(ids["uuids"]),
-        pci_bus_ids=tuple(ids["pci_bus_ids"]),
-        steady=gpus.get("steady", False),
-        processes=procs,
+        **identities(gpus, count, fail),
     )
-
-
-def _opt_str(v: Any) -> str | None:
-    """YAML reads `driver: 535.54` as a number; a version is text either way."""
-    return None if v is None else str(v)
-
-
-_FIELD_TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
-
-
-def _inline_model(raw: dict[str, Any], fail: Callable[[str, str], ScenarioError]) -> tuple[GpuModel, Part]:
-    """A GPU part no built-in model fits: GpuModel's fields, and what the part cannot do
-    (`not_supported` NVML functions, `fields_not_supported` field ids)."""
-    raw = dict(raw)
-    quirks = {k: raw.pop(k) for k in ("not_supported", "fields_not_supported") if k in raw}
-    known = {f.name: f for f in fields(GpuModel)}
-    if unknown := sorted(set(raw) - set(known)):
-        also = "not_supported, fields_not_supported"
-        raise fail(f"gpus.model.{unknown[0]}", f"one of {', '.join(known)}, {also}")
-    values: dict[str, Any] = {}
-    for name, f in known.items():
-        kind = _FIELD_TYPES[str(f.type)]
-        if name not in raw:
-            if f.default is MISSING:
-                raise fail(f"gpus.model.{name}", f"given (a {kind.__name__}) for an inline model")
-            continue
-        v = raw[name]
-        if kind is float:
-            v = _number(v, partial(fail, f"gpus.model.{name}", "a number"))
-        elif not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
-            raise fail(f"gpus.model.{name}", f"a {kind.__name__}")
-        values[name] = v
-    try:
-        part = inline_part(quirks.get("not_supported") or (), quirks.get("fields_not_supported") or ())
-    except (TypeError, ValueError) as err:
-        raise fail("gpus.model", str(err)) from None
-    return GpuModel(**values), part
 
 
 def _list(data: dict[str, Any], key: str, fail: Callable[[str, str], ScenarioError]) -> list[Any]:
