@@ -81,12 +81,22 @@ class SmiProcess:
 
 
 @dataclass(frozen=True)
+class SmiMigDevice:
+    """One MIG device of a GPU, as `-q -x` lists it under mig_devices."""
+
+    multiprocessors: int
+    memory_total_bytes: int
+
+
+@dataclass(frozen=True)
 class SmiGpu:
     name: str
     uuid: str
     pci_bus_id: str
     architecture: str | None = None
     mig_enabled: bool | None = None
+    gpu_busy_ratio: float | None = None  # utilization.gpu, 0-1 (N/A with MIG on)
+    memory_busy_ratio: float | None = None
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None
     memory_free_bytes: int | None = None
@@ -113,6 +123,7 @@ class SmiGpu:
     pcie_width: int | None = None
     pcie_width_max: int | None = None
     processes: tuple[SmiProcess, ...] | None = None  # None: this output does not list them
+    mig_devices: tuple[SmiMigDevice, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -155,6 +166,12 @@ def quantity(text: str | None, unit: str, default_unit: str | None = None) -> fl
 def _bytes(text: str | None, default_unit: str = "mib") -> int | None:
     v = quantity(text, "b", default_unit)
     return None if v is None else round(v)
+
+
+def _ratio(text: str | None) -> float | None:
+    """'37 %' as 0.37."""
+    v = quantity(text, "%", "%")
+    return None if v is None else v / 100
 
 
 def _int(text: str | None) -> int | None:
@@ -214,6 +231,8 @@ def _xml_gpu(g: ET.Element) -> SmiGpu:
         pci_bus_id=text_value(g.findtext("pci/pci_bus_id")) or g.get("id") or "",
         architecture=text_value(g.findtext("product_architecture")),
         mig_enabled=_yes(g.findtext("mig_mode/current_mig")),
+        gpu_busy_ratio=_ratio(g.findtext("utilization/gpu_util")),
+        memory_busy_ratio=_ratio(g.findtext("utilization/memory_util")),
         memory_total_bytes=_bytes(g.findtext("fb_memory_usage/total")),
         memory_used_bytes=_bytes(g.findtext("fb_memory_usage/used")),
         memory_free_bytes=_bytes(g.findtext("fb_memory_usage/free")),
@@ -240,7 +259,18 @@ def _xml_gpu(g: ET.Element) -> SmiGpu:
         pcie_width=_int(g.findtext(link + "link_widths/current_link_width")),
         pcie_width_max=_int(g.findtext(link + "link_widths/max_link_width")),
         processes=_xml_processes(g),
+        mig_devices=_xml_mig_devices(g),
     )
+
+
+def _xml_mig_devices(g: ET.Element) -> tuple[SmiMigDevice, ...]:
+    out = []
+    for d in g.findall("mig_devices/mig_device"):
+        sms = _int(d.findtext("device_attributes/shared/multiprocessor_count"))
+        total = _bytes(d.findtext("fb_memory_usage/total"))
+        if sms is not None and total is not None:
+            out.append(SmiMigDevice(multiprocessors=sms, memory_total_bytes=total))
+    return tuple(out)
 
 
 def _xml_clock_events(g: ET.Element) -> frozenset[str] | None:
@@ -372,6 +402,8 @@ def parse_query_gpu_csv(text: str) -> SmiLog:
                 uuid=text_value(get("uuid", "gpu_uuid")) or "",
                 pci_bus_id=text_value(get("pci.bus_id", "gpu_bus_id")) or "",
                 mig_enabled=_yes(get("mig.mode.current")),
+                gpu_busy_ratio=_ratio(get("utilization.gpu")),
+                memory_busy_ratio=_ratio(get("utilization.memory")),
                 memory_total_bytes=_bytes(get("memory.total")),
                 memory_used_bytes=_bytes(get("memory.used")),
                 memory_free_bytes=_bytes(get("memory.free")),

@@ -9,8 +9,11 @@ constant missing from binding 12.N is one driver N does not know).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
+from exporter import nvml
 from exporter.nvml import (
     FI_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN,
     FI_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
@@ -75,6 +78,26 @@ DRIVERS: dict[str, Driver] = {
         ),
         unknown_fields=NEW_IN_R575 | NEW_IN_R520,
     ),
+    # R515 (CUDA 11.7): _v3 processes and nvmlDeviceGetMemoryInfo_v2 (both R510) with
+    # 24-byte records; still before GPM (R525), the link-scoped NVLink error fields (R520),
+    # the ClocksEventReasons name and nvmlDeviceGetNumaNodeId.
+    "R515": Driver(
+        "R515",
+        "515.105.01",
+        11070,
+        missing=frozenset(
+            {
+                "nvmlDeviceGetCurrentClocksEventReasons",
+                "nvmlDeviceGetNumaNodeId",
+                "nvmlGpmQueryDeviceSupport",
+                "nvmlGpmSampleAlloc",
+                "nvmlGpmSampleFree",
+                "nvmlGpmSampleGet",
+                "nvmlGpmMetricsGet",
+            }
+        ),
+        unknown_fields=NEW_IN_R575 | NEW_IN_R520,
+    ),
     # R535 (CUDA 12.2): 32-byte _v3 process records; no nvmlDeviceGetNumaNodeId (absent
     # from binding 12.535, whose pynvml.py has no such function).
     "R535": Driver(
@@ -103,11 +126,12 @@ class Part:
     grace: bool = False
 
 
-# Parts on PCIe without MIG or row remapping (L4, L40S: Ada).
-_ADA = Part(not_supported=frozenset({"nvmlDeviceGetMigMode", "nvmlDeviceGetRemappedRows"}))
 PARTS: dict[str, Part] = {
-    "L4": _ADA,
-    "L40S": _ADA,
+    # Ada on PCIe: no MIG. The L40S remaps rows (nvidia-smi on 595.80 prints its counts,
+    # tests/fixtures/nvidia-smi/l40s-595.80-load.query-gpu.csv); no recording shows the
+    # L4's, so it keeps answering NotSupported there.
+    "L4": Part(not_supported=frozenset({"nvmlDeviceGetMigMode", "nvmlDeviceGetRemappedRows"})),
+    "L40S": Part(not_supported=frozenset({"nvmlDeviceGetMigMode"})),
     "GH200-96GB": Part(grace=True),
     # A consumer part: no ECC, MIG, row remapping, NVLink or GPM; no HBM sensor or
     # clock-event durations; no energy counter.
@@ -147,3 +171,48 @@ class Profile:
 
 def profile(model: str, driver: str | None = None, mig_monitor: bool = True) -> Profile:
     return Profile(DRIVERS[driver or DEFAULT_DRIVER], PARTS.get(model, NO_QUIRKS), mig_monitor)
+
+
+def resolve_driver(spec: str | None = None, cuda: str | None = None) -> Driver:
+    """A branch name ("R535"), or a driver version as nvidia-smi prints it ("535.54.03"):
+    the newest branch at or below that version, reporting that version string. `cuda`
+    ("12.2") replaces the branch's CUDA version. ValueError says what is wrong."""
+    if spec is None or spec in DRIVERS:
+        found = DRIVERS[spec or DEFAULT_DRIVER]
+    else:
+        m = re.fullmatch(r"(\d+)\.\d+(?:\.\d+)?", spec)
+        if m is None:
+            raise ValueError(f"one of {', '.join(DRIVERS)} or a driver version like 535.54.03, not {spec!r}")
+        older = [d for d in DRIVERS.values() if _major(d) <= int(m.group(1))]
+        if not older:
+            first = min(_major(d) for d in DRIVERS.values())
+            raise ValueError(f"a driver version from {first} on, not {spec!r}")
+        found = replace(max(older, key=_major), version=spec)
+    if cuda is not None:
+        c = re.fullmatch(r"(\d+)\.(\d)", cuda)
+        if c is None:
+            raise ValueError(f"a CUDA version like 12.2, not {cuda!r}")
+        found = replace(found, cuda=1000 * int(c.group(1)) + 10 * int(c.group(2)))
+    return found
+
+
+def inline_part(not_supported: Iterable[str] = (), fields_not_supported: Iterable[int | str] = ()) -> Part:
+    """A part a scenario describes inline: the NVML functions it answers NotSupported to,
+    and the field ids it refuses, as numbers or by their `exporter.nvml` names
+    ("FI_MEMORY_TEMP"). ValueError names what is unknown."""
+    if isinstance(not_supported, str) or isinstance(fields_not_supported, str):
+        raise ValueError("lists in not_supported and fields_not_supported, not a single string")
+    functions = frozenset(not_supported)
+    if bad := sorted(repr(f) for f in functions if not isinstance(f, str) or not f.startswith("nvml")):
+        raise ValueError(f"NVML function names (nvmlDevice...) in not_supported, not {bad}")
+    ids = set()
+    for f in fields_not_supported:
+        value = getattr(nvml, f, None) if isinstance(f, str) and f.startswith("FI_") else f
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"field ids or exporter.nvml FI_ names in fields_not_supported, not {f!r}")
+        ids.add(value)
+    return Part(not_supported=functions, fields_not_supported=frozenset(ids))
+
+
+def _major(d: Driver) -> int:
+    return int(d.branch.removeprefix("R"))

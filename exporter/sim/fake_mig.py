@@ -28,11 +28,14 @@ class ProcessesAndMig:
         raise NotImplementedError
 
     def _processes(self, g: int) -> list[tuple[int, int]]:
+        """The scenario's listed processes, then a worker of each engine on this GPU
+        sharing the memory in use."""
+        listed = list(self.scn.processes.get(g, ()))
         procs = [pids[g] for e in self.scn.engines if g in (pids := self.scn.engine_pids(e.name))]
         if not procs:
-            return []
+            return listed
         _, _, used = self._memory(g)
-        return [(pid, used // len(procs)) for pid in procs]
+        return listed + [(pid, used // len(procs)) for pid in procs]
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, h: Any, count: Any, arr: Any) -> int:
         return self._write_processes(h, count, arr, 24)

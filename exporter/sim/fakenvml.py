@@ -88,7 +88,7 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
         self.profile: Profile = self.scn.profile
         self._missing = self.profile.driver.missing
         self.sysfs = self._write_sysfs()
-        self.uuids = [
+        self.uuids = list(self.scn.uuids) or [
             f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'{self.scn.name}/{i}')}" for i in range(self.scn.gpu_count)
         ]
         self._gpm_samples: dict[int, tuple[int, float]] = {}  # sample address -> (gpu, time)
@@ -140,6 +140,8 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
         return self.scn.gpu_count + gpu
 
     def _bus_id(self, gpu: int) -> str:
+        if self.scn.pci_bus_ids:
+            return self.scn.pci_bus_ids[gpu]
         return f"00000000:{0x18 + gpu * 0x10:02X}:00.0"
 
     def close(self) -> None:
@@ -198,7 +200,7 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
 
     def v(self, gpu: int, key: str) -> float:
         now = self.t.now()
-        return self.t.gpu(gpu, key, now) * _noise(now, gpu, key)
+        return self.t.gpu(gpu, key, now) * (1.0 if self.scn.steady else _noise(now, gpu, key))
 
     # ---- library -----------------------------------------------------------------------
 
@@ -261,7 +263,7 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
         info = _out(ref)
         info.busId = self._bus_id(gpu).encode()
         info.busIdLegacy = info.busId[4:]
-        info.bus = 0x18 + gpu * 0x10
+        info.bus = int(self._bus_id(gpu).split(":")[1], 16)
         info.pciDeviceId = 0x233010DE
         return OK
 
@@ -316,10 +318,14 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
         return OK
 
     def nvmlDeviceGetCurrPcieLinkGeneration(self, h: Any, ref: Any) -> int:
-        return self.nvmlDeviceGetMaxPcieLinkGeneration(h, ref)
+        trained = round(self.t.gpu(self._gpu_of(h), "pcie_link_gen"))  # 0: at the maximum
+        _out(ref).value = trained or self.model.pcie_generation
+        return OK
 
     def nvmlDeviceGetCurrPcieLinkWidth(self, h: Any, ref: Any) -> int:
-        return self.nvmlDeviceGetMaxPcieLinkWidth(h, ref)
+        trained = round(self.t.gpu(self._gpu_of(h), "pcie_link_width"))
+        _out(ref).value = trained or self.model.pcie_width
+        return OK
 
     # ---- status --------------------------------------------------------------------------
 
@@ -332,8 +338,8 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
 
     def _memory(self, g: int) -> tuple[int, int, int]:
         total = self.model.memory_bytes
-        reserved = 512 * MIB
-        used = min(total - reserved, int(self.t.gpu(g, "memory_used_ratio") * total))
+        reserved = self.model.memory_reserved_bytes
+        used = min(total - reserved, round(self.t.gpu(g, "memory_used_ratio") * total))
         return total, reserved, used
 
     def nvmlDeviceGetMemoryInfo_v2(self, h: Any, ref: Any) -> int:
@@ -366,7 +372,7 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
             hz = self.model.sm_clock_max_hertz * min(1.0, self.t.gpu(g, "sm_clock_ratio"))
         else:
             hz = self.model.memory_clock_max_hertz * min(1.0, self.t.gpu(g, "mem_clock_ratio"))
-        _out(ref).value = int(hz / 1e6)
+        _out(ref).value = round(hz / 1e6)  # whole MHz, as the driver answers
         return OK
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: Any, ref: Any) -> int:
@@ -389,7 +395,7 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
 
     def nvmlDeviceGetPowerUsage(self, h: Any, ref: Any) -> int:
         g = self._gpu_of(h)
-        _out(ref).value = int(self.v(g, "power_ratio") * self.model.power_limit_watts * 1000)
+        _out(ref).value = round(self.v(g, "power_ratio") * self.model.power_limit_watts * 1000)
         return OK
 
     def nvmlDeviceGetEnforcedPowerLimit(self, h: Any, ref: Any) -> int:
@@ -485,17 +491,19 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
     def nvmlDeviceGetTotalEccErrors(self, h: Any, kind: Any, counter: Any, ref: Any) -> int:
         g = self._gpu_of(h)
         corrected = _val(kind) == N.NVML_MEMORY_ERROR_TYPE_CORRECTED
-        key = "ecc_corrected_rate" if corrected else "ecc_uncorrected_rate"
-        _out(ref).value = int(self.t.gpu_integral(g, key))
+        kind = "corrected" if corrected else "uncorrected"
+        counted = round(self.t.gpu(g, f"ecc_{kind}_base")) + int(self.t.gpu_integral(g, f"ecc_{kind}_rate"))
+        _out(ref).value = counted
         return OK
 
     def nvmlDeviceGetRemappedRows(self, h: Any, corr: Any, unc: Any, pending: Any, failed: Any) -> int:
         g = self._gpu_of(h)
-        uncorrected = int(self.t.gpu_integral(g, "ecc_uncorrected_rate"))
-        _out(corr).value = 0
-        _out(unc).value = uncorrected
-        _out(pending).value = int(uncorrected > 0)
-        _out(failed).value = 0
+        # Each uncorrectable error during the scenario remaps a row at the next reset.
+        fresh = int(self.t.gpu_integral(g, "ecc_uncorrected_rate"))
+        _out(corr).value = round(self.t.gpu(g, "remapped_rows_correctable"))
+        _out(unc).value = round(self.t.gpu(g, "remapped_rows_uncorrectable")) + fresh
+        _out(pending).value = int(fresh > 0 or self.t.gpu(g, "remap_pending") >= 0.5)
+        _out(failed).value = int(self.t.gpu(g, "remap_failed") >= 0.5)
         return OK
 
     # ---- events ----------------------------------------------------------------------------

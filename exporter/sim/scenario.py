@@ -21,7 +21,8 @@ from typing import Any
 import yaml
 
 from exporter.sim.dcgm_spec import DcgmExporterSpec, parse_spec
-from exporter.sim.drivers import DRIVERS, Profile, profile
+from exporter.sim.drivers import NO_QUIRKS, PARTS, Profile
+from exporter.sim.recorded_gpus import identities, inline_model, recorded_driver
 
 
 class ScenarioError(ValueError):
@@ -40,6 +41,7 @@ class GpuModel:
     pcie_generation: int
     pcie_width: int = 16
     multiprocessors: int = 132
+    memory_reserved_bytes: int = 512 * 1024**2  # nvmlMemory_v2_t.reserved: driver and firmware
 
 
 GIB = 1024**3
@@ -85,6 +87,16 @@ GPU_KEYS: dict[str, float] = {
     "nvlink_error_rate": 0.0,
     "ecc_corrected_rate": 0.0,
     "ecc_uncorrected_rate": 0.0,
+    # Levels, not rates: what the GPU had counted before the scenario began, the current
+    # PCIe link (0: trained to the part's maximum; an idle link trains down), row remapping.
+    "ecc_corrected_base": 0.0,
+    "ecc_uncorrected_base": 0.0,
+    "pcie_link_gen": 0.0,
+    "pcie_link_width": 0.0,
+    "remapped_rows_correctable": 0.0,
+    "remapped_rows_uncorrectable": 0.0,
+    "remap_pending": 0.0,  # 1: a remapping waits for the next reset
+    "remap_failed": 0.0,
 }
 
 # Per-engine quantities a phase may set; the simulated engines read them.
@@ -170,6 +182,12 @@ class Scenario:
     expect_findings: tuple[str, ...] = ()
     profile: Profile = field(default_factory=Profile)  # driver branch and part quirks
     dcgm_exporter: DcgmExporterSpec | None = None  # a simulated dcgm-exporter (sim/dcgm.py)
+    # Identities of recorded GPUs, where the fake would make them up; `steady` drops the
+    # fake's wobble so values are exactly the timeline's (replaying a recording).
+    uuids: tuple[str, ...] = ()
+    pci_bus_ids: tuple[str, ...] = ()
+    steady: bool = False
+    processes: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)  # (pid, bytes)
 
     @property
     def duration(self) -> float:
@@ -306,11 +324,13 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
     if not isinstance(count, int) or not 1 <= count <= 1024:
         raise fail("gpus.count", "an integer from 1 to 1024")
     model_name = gpus.get("model", "H100-80GB-SXM")
-    if model_name not in MODELS:
-        raise fail("gpus.model", f"one of {', '.join(MODELS)}")
-    driver = gpus.get("driver")
-    if driver is not None and driver not in DRIVERS:
-        raise fail("gpus.driver", f"one of {', '.join(DRIVERS)}")
+    if isinstance(model_name, dict):
+        gpu_model, part = inline_model(model_name, GpuModel, fail)
+    elif model_name in MODELS:
+        gpu_model, part = MODELS[model_name], PARTS.get(model_name, NO_QUIRKS)
+    else:
+        raise fail("gpus.model", f"one of {', '.join(MODELS)}, or a mapping of GpuModel fields")
+    driver = recorded_driver(gpus, fail)
     mig_monitor = gpus.get("mig_monitor", True)
     if not isinstance(mig_monitor, bool):
         raise fail("gpus.mig_monitor", "true or false")
@@ -346,13 +366,14 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
         name=str(data.get("name", Path(source).stem)),
         description=str(data.get("description", "")),
         gpu_count=count,
-        gpu_model=MODELS[model_name],
+        gpu_model=gpu_model,
         phases=phases,
         faults=faults,
         engines=engines,
         mig=mig,
         expect_findings=tuple(findings),
-        profile=profile(model_name, driver, mig_monitor),
+        profile=Profile(driver, part, mig_monitor),
+        **identities(gpus, count, fail),
         dcgm_exporter=dcgm,
     )
 

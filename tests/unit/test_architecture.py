@@ -82,6 +82,8 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     ),
     # the fake library answers the field ids the NVML layer names (nvml.h constants)
     "exporter.sim": ("exporter.sim", "exporter.nvml"),
+    # a recording turned into scenario data: plain data, so it never needs the simulator
+    "exporter.smi_profile": ("exporter.smi", "exporter.gpu_specs"),
 }
 PYNVML_ALLOWED = ("exporter.nvml", "exporter.sim")
 
