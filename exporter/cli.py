@@ -3,112 +3,65 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import json
 import logging
+import socket
 import sys
 import time
 from typing import Any
 
 from exporter import __version__
-from exporter.config import DEFAULT_PORT, ConfigError, Settings, load
+from exporter.config import ConfigError, Settings, load
 from exporter.nvml import NvmlUnavailable
 from exporter.sim.scenario import ScenarioError, builtin_names
 
-EXIT_NO_DRIVER = 1
-EXIT_USAGE = 2
-SELFCHECK_FLAGS = ("nvidia_smi", "smi_timeout", "xid_seconds")
-EXIT_UNHEALTHY = 1  # Docker reserves 2: a healthcheck answers 0 or 1 only
+# Exit codes, one meaning each (README "Exit codes").
+EXIT_OK = 0
+EXIT_FINDINGS = 1  # diagnose: findings are active; selfcheck: a check failed
+EXIT_UNHEALTHY = 1  # healthcheck: Docker reads 0 and 1 only (it reserves 2)
+EXIT_USAGE = 2  # a bad flag, setting, config file or scenario
+EXIT_NO_DRIVER = 3  # no NVIDIA driver (and no --simulate)
+EXIT_ADDRESS = 4  # serve: the address is in use or not ours to take
 NO_DRIVER_HINT = "try `llm-gpu-exporter serve --simulate healthy` for a demo on simulated GPUs"
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML settings file (keys as below, snake_case)")
-    sim = p.add_mutually_exclusive_group()
-    sim.add_argument(
-        "--simulate", metavar="NAME", help="run on simulated GPUs and engines: a built-in scenario"
-    )
-    sim.add_argument("--scenario-file", metavar="FILE", help="run a scenario from a YAML file")
-    p.add_argument(
-        "--speed", type=float, help="scenario seconds per wall second (default 10; 1 plays in real time)"
-    )
-    p.add_argument("--interval", type=float, help="seconds between snapshots (default 1)")
-    p.add_argument(
-        "--engine",
-        dest="engines",
-        action="append",
-        metavar="URL",
-        help="an inference engine's /metrics URL, optionally TYPE=URL (repeatable)",
-    )
-    p.add_argument(
-        "--dcgm-exporter",
-        metavar="URL",
-        help="a co-located dcgm-exporter's /metrics (profiling counters for GPUs without GPM); "
-        "'off' to not look for one (default: this node's pod, else 127.0.0.1:9400)",
-    )
-    p.add_argument("--log-level", help="debug, info, warning or error")
+def _add_settings(p: argparse.ArgumentParser) -> None:
+    """A flag for every setting, from its declaration in exporter.config.Settings."""
+    p.add_argument("--config", metavar="FILE", help="YAML settings file (keys are the setting names)")
+    for name, f in Settings.model_fields.items():
+        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+        flag = str(extra.get("flag") or "--" + name.replace("_", "-"))
+        kwargs: dict[str, Any] = {"dest": name, "default": None}
+        if f.annotation is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif getattr(f.annotation, "__origin__", None) is tuple:
+            kwargs["action"] = "append"
+        if extra.get("metavar"):
+            kwargs["metavar"] = str(extra["metavar"])
+        default = f.default if f.default not in (None, ()) else None
+        shown = f" (default {default})" if default is not None and f.annotation is not bool else ""
+        kwargs["help"] = f"{f.description}{shown}; LLMGPU_{name.upper()}".replace("%", "%%")
+        p.add_argument(flag, **kwargs)
 
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
-        prog="llm-gpu-exporter", description="GPU + LLM-engine exporter that explains itself."
+        prog="llm-gpu-exporter",
+        description="GPU + LLM-engine exporter that explains itself.",
+        allow_abbrev=False,
     )
     top.add_argument("--version", action="version", version=__version__)
     sub = top.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="serve /metrics, the diagnosis page and the JSON API")
-    _common(serve)
-    serve.add_argument("--listen", help=f"HOST:PORT (default 0.0.0.0:{DEFAULT_PORT})")
-    serve.add_argument("--web-config-file", help="TLS and basic-auth settings (Prometheus web config format)")
-    _limits(serve)
-    serve.add_argument("--probe-dir", help="allocator probe directory")
-    serve.add_argument("--kubelet-socket", help="kubelet pod-resources socket, for pod attribution")
-    serve.add_argument(
-        "--discover-kubernetes",
-        action="store_true",
-        default=None,
-        help="scrape annotated engine pods on this node (NODE_NAME)",
-    )
-    serve.add_argument(
-        "--no-discover-processes",
-        dest="discover_processes",
-        action="store_false",
-        default=None,
-        help="do not look for engine processes on this host",
-    )
-    serve.add_argument(
-        "--collector",
-        dest="collectors_enabled",
-        action="append",
-        metavar="NAME",
-        help="enable a collector that is off by default (repeatable)",
-    )
-    serve.add_argument(
-        "--no-collector",
-        dest="collectors_disabled",
-        action="append",
-        metavar="NAME",
-        help="disable a collector (repeatable)",
-    )
-    serve.add_argument("--metric-profile", help="default (fleet-sized) or full (per-link and other detail)")
-    serve.add_argument(
-        "--metric",
-        dest="metrics_enabled",
-        action="append",
-        metavar="NAME",
-        help="expose a metric family the profile leaves out (repeatable; names in docs/metrics.md)",
-    )
-    serve.add_argument(
-        "--no-metric",
-        dest="metrics_disabled",
-        action="append",
-        metavar="NAME",
-        help="leave a metric family out (repeatable)",
-    )
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, allow_abbrev=False)
 
-    health = sub.add_parser(
-        "healthcheck", help="exit 0 when the exporter on this host answers /healthz, else 1"
-    )
+    serve = command("serve", "serve /metrics, the diagnosis page and the JSON API")
+    _add_settings(serve)
+
+    health = command("healthcheck", "exit 0 when the exporter on this host answers /healthz, else 1")
     health.add_argument("--config", help="YAML settings file, as given to serve")
     health.add_argument("--listen", help="HOST:PORT the exporter serves on, as given to serve")
     health.add_argument("--web-config-file", help="the web config given to serve (for https)")
@@ -123,16 +76,17 @@ def parser() -> argparse.ArgumentParser:
         "--timeout", dest="probe_timeout", type=float, default=4.0, help="seconds (default 4)"
     )
 
-    snap = sub.add_parser("snapshot", help="print one sample as a table")
-    _common(snap)
+    snap = command("snapshot", "print one sample as tables: GPUs, engines and their join")
+    _add_settings(snap)
     snap.add_argument("--json", action="store_true", help="print the snapshot as JSON")
 
-    diag = sub.add_parser("diagnose", help="report what slows the node down or puts it at OOM risk")
-    _common(diag)
+    diag = command("diagnose", "report what slows the node down or puts it at OOM risk")
+    _add_settings(diag)
     diag.add_argument("--url", help="ask a running exporter (http://host:port) instead of sampling here")
     diag.add_argument("--step", type=float, default=5.0, help="scenario seconds per step with --simulate")
-    check = sub.add_parser("selfcheck", help="compare the exporter's readings with nvidia-smi's on this node")
-    _common(check)
+
+    check = command("selfcheck", "compare the exporter's readings with nvidia-smi's on this node")
+    _add_settings(check)
     check.add_argument(
         "--nvidia-smi", default="nvidia-smi", metavar="PATH", help="nvidia-smi to compare with"
     )
@@ -145,26 +99,9 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def _limits(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-connections", type=int, help="open connections at most (default 1024)")
-    p.add_argument("--idle-timeout", type=float, help="s a connection may sit without a request (default 5)")
-    p.add_argument("--header-timeout", type=float, help="s for a request's headers to arrive (default 10)")
-    p.add_argument("--write-timeout", type=float, help="s for a response to be read (default 30)")
-    p.add_argument("--engine-max-labels", type=int, help="labels per engine series (default 64)")
-    p.add_argument(
-        "--engine-max-label-length", type=int, help="characters per engine label value (default 2048)"
-    )
-
-
 def settings_from(args: argparse.Namespace) -> Settings:
-    flags = {
-        k: v
-        for k, v in vars(args).items()
-        if k not in ("command", "config", "json", "url", "step", *SELFCHECK_FLAGS)
-    }
-    if flags.get("engines") is not None:
-        flags["engines"] = tuple(flags["engines"])
-    return load(flags, args.config)
+    given = vars(args)
+    return load({name: given[name] for name in Settings.model_fields if name in given}, args.config)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,6 +147,12 @@ def serve(settings: Settings) -> int:
     from exporter.server import create_app
 
     web = webconfig.load(settings.web_config_file) if settings.web_config_file else None
+    try:
+        listener = _bind(settings.host, settings.port)
+    except OSError as err:
+        reason = "is in use" if err.errno == errno.EADDRINUSE else f"cannot be used: {err.strerror or err}"
+        print(f"llm-gpu-exporter: {settings.listen} {reason}; choose another with --listen", file=sys.stderr)
+        return EXIT_ADDRESS
     limits = ServerLimits(
         max_connections=settings.max_connections,
         idle_timeout=settings.idle_timeout,
@@ -236,10 +179,25 @@ def serve(settings: Settings) -> int:
             limits,
             ssl_context=webconfig.ssl_context(web) if web else None,
             connect_state=webconfig.connect_state(web) if web and web.tls else None,
-        ).run()
+        ).run(sockets=[listener])
     finally:
         exporter.close()
-    return 0
+    return EXIT_OK
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, taken before anything starts: a busy port is one clear line."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 def _serve_flags(pid: int) -> argparse.Namespace | None:

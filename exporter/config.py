@@ -1,68 +1,168 @@
-"""Settings from flags, environment (LLMGPU_*) and a YAML file, in that order of precedence."""
+"""Settings: one declaration, read from flags, the environment (LLMGPU_*) and a YAML file.
+
+Each setting is a field of `Settings` with its type, default, bounds and help; the
+command line (`exporter.cli`) makes a flag of every one of them, the environment names
+it `LLMGPU_<NAME>`, the YAML file by its name. Flags win over the environment, which
+wins over the file. pydantic-settings reads and validates all three; a wrong value or an
+unknown key is a `ConfigError` that names the key and where it came from.
+"""
 
 from __future__ import annotations
 
-import dataclasses
+import contextvars
 import os
-import types
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+from pydantic_settings.sources.utils import parse_env_vars
 
 DEFAULT_PORT = 9445  # dcgm-exporter keeps 9400; both can run on one node
+ENV_PREFIX = "LLMGPU_"
 
 
 class ConfigError(ValueError):
     """A setting of the wrong type or an unknown key; the message names it."""
 
 
-@dataclass(frozen=True)
-class Settings:
-    listen: str = f"0.0.0.0:{DEFAULT_PORT}"
-    interval: float = 1.0  # seconds between snapshots; fast collectors follow it
-    simulate: str | None = None  # built-in scenario name
-    scenario_file: str | None = None
-    # Scenario seconds per wall second: at 10 a ten-minute story plays in a minute, and a
-    # finding that holds for two minutes shows within 12 s of its condition.
-    speed: float = 10.0
-    web_config_file: str | None = None
-    # HTTP server limits: what one client, or many, can hold of the server
-    max_connections: int = 1024  # open connections; the oldest idle one makes room
-    idle_timeout: float = 5.0  # s a connection may wait before (or between) requests
-    header_timeout: float = 10.0  # s from a request's first byte to its last header
-    write_timeout: float = 30.0  # s from a request to the last byte of its response
-    log_level: str = "info"
-    collectors_disabled: tuple[str, ...] = ()
-    collectors_enabled: tuple[str, ...] = ()  # those off by default, switched on
-    # exposition: the profile (default: what a fleet stores; full: per-link and other
-    # detail), then metric families by name switched on or off on top of it
-    metric_profile: str = "default"
-    metrics_enabled: tuple[str, ...] = ()
-    metrics_disabled: tuple[str, ...] = ()
-    # engines
-    engines: tuple[str, ...] = ()  # URLs of /metrics, optionally "type=url"
-    discover_processes: bool = True
-    discover_kubernetes: bool = False
-    engine_annotation: str = "llm-gpu-exporter.io/scrape"
-    engine_interval: float = 5.0
-    engine_timeout: float = 3.0
-    engine_max_bytes: int = 8 * 1024 * 1024
-    engine_max_series: int = 20000
-    engine_max_labels: int = 64  # labels on one series
-    engine_max_label_length: int = 2048  # characters in one label value
-    # allocator probe and attribution
-    probe_dir: str = "/run/llm-gpu-exporter/probes"
-    probe_max_age: float = 120.0
-    kubelet_socket: str | None = None  # pod-resources socket; None = no pod attribution
-    node_name: str | None = None
-    history_seconds: float = 900.0  # diagnosis ring buffer span
-    # co-located dcgm-exporter (profiling counters for GPUs without GPM): URL or HOST:PORT,
-    # "off"; unset: this node's dcgm-exporter pod in Kubernetes, else 127.0.0.1:9400
-    dcgm_exporter: str | None = None
-    # seconds a dcgm-exporter value is used: three of its default 30 s sampling windows
-    dcgm_exporter_max_age: float = 90.0
+def setting(
+    default: Any, help: str, *, flag: str | None = None, metavar: str | None = None, **bounds: Any
+) -> Any:
+    """A field with its help text; `flag` and `metavar` shape its command-line option
+    (default: `--name-with-dashes`)."""
+    extra: dict[str, Any] = {k: v for k, v in (("flag", flag), ("metavar", metavar)) if v is not None}
+    return Field(default, description=help, json_schema_extra=extra or None, **bounds)
+
+
+Names = Annotated[tuple[str, ...], NoDecode]  # YAML list, repeated flag, or "a,b" in the environment
+
+
+class Settings(BaseSettings):
+    """Everything the exporter can be told. Construct it directly for fixed values (tests,
+    the simulator); `load()` reads flags, environment and file."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    # ---- serving -------------------------------------------------------------------------
+    listen: str = setting(f"0.0.0.0:{DEFAULT_PORT}", "HOST:PORT to serve on", metavar="HOST:PORT")
+    interval: float = setting(
+        1.0, "seconds between snapshots; slow collectors run every 5-60 intervals", ge=0.05
+    )
+    web_config_file: str | None = setting(
+        None, "TLS, client certificates and basic auth, in the format Prometheus exporters share"
+    )
+    max_connections: int = setting(1024, "open HTTP connections at most; the longest idle makes room", ge=1)
+    idle_timeout: float = setting(5.0, "seconds a connection may wait before or between requests", gt=0)
+    header_timeout: float = setting(
+        10.0, "seconds from a request's first byte to its last header (and the TLS handshake)", gt=0
+    )
+    write_timeout: float = setting(30.0, "seconds from a request to the last byte of its response", gt=0)
+    log_level: Literal["debug", "info", "warning", "error"] = setting("info", "debug, info, warning or error")
+    # ---- simulation ----------------------------------------------------------------------
+    simulate: str | None = setting(
+        None, "run on simulated GPUs and engines: a built-in scenario", metavar="NAME"
+    )
+    scenario_file: str | None = setting(None, "run on simulated GPUs and engines: a scenario file")
+    # At 10 a ten-minute story plays in a minute, and a finding that holds for two minutes
+    # shows within 12 s of its condition.
+    speed: float = setting(10.0, "scenario seconds per wall second (1 plays in real time)", gt=0)
+    # ---- collectors and exposition -------------------------------------------------------
+    collectors_disabled: Names = setting(
+        (), "switch a collector off (repeatable)", flag="--no-collector", metavar="NAME"
+    )
+    collectors_enabled: Names = setting(
+        (), "switch on a collector that is off by default (repeatable)", flag="--collector", metavar="NAME"
+    )
+    metric_profile: Literal["default", "full"] = setting(
+        "default", "default (what a fleet stores) or full (per-link and other detail)"
+    )
+    metrics_enabled: Names = setting(
+        (), "expose a metric family the profile leaves out (repeatable)", flag="--metric", metavar="NAME"
+    )
+    metrics_disabled: Names = setting(
+        (), "leave a metric family out (repeatable)", flag="--no-metric", metavar="NAME"
+    )
+    # ---- engines -------------------------------------------------------------------------
+    engines: Names = setting(
+        (), "an engine's /metrics URL, optionally TYPE=URL (repeatable)", flag="--engine", metavar="URL"
+    )
+    discover_processes: bool = setting(True, "find vLLM/SGLang/TGI servers on this host")
+    discover_kubernetes: bool = setting(False, "scrape annotated engine pods on this node (NODE_NAME)")
+    engine_annotation: str = setting("llm-gpu-exporter.io/scrape", "pod annotation that marks an engine")
+    engine_interval: float = setting(5.0, "seconds between scrapes of one engine target", ge=0)
+    engine_timeout: float = setting(3.0, "seconds one engine scrape may take", ge=0)
+    engine_max_bytes: int = setting(8 * 1024 * 1024, "bytes of one engine page at most", ge=0)
+    engine_max_series: int = setting(20000, "samples on one engine page at most", ge=0)
+    engine_max_labels: int = setting(64, "labels on one engine series at most", ge=1)
+    engine_max_label_length: int = setting(2048, "characters in one engine label value at most", ge=1)
+    # ---- allocator probe, attribution, diagnosis ---------------------------------------
+    probe_dir: str = setting("/run/llm-gpu-exporter/probes", "directory of the allocator probe files")
+    probe_max_age: float = setting(120.0, "seconds after which a probe file is stale", ge=0)
+    kubelet_socket: str | None = setting(None, "kubelet pod-resources socket: namespace/pod/container labels")
+    node_name: str | None = setting(None, "this node's name in Kubernetes (default: NODE_NAME)")
+    history_seconds: float = setting(900.0, "seconds of history the diagnosis keeps", ge=0)
+    # ---- dcgm-exporter -----------------------------------------------------------------
+    dcgm_exporter: str | None = setting(
+        None,
+        "a co-located dcgm-exporter's /metrics for GPUs without GPM, or 'off' "
+        "(default: this node's pod, else 127.0.0.1:9400)",
+        metavar="URL",
+    )
+    # three of dcgm-exporter's default 30 s sampling windows
+    dcgm_exporter_max_age: float = setting(90.0, "seconds a dcgm-exporter value is used", ge=0)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator(
+        "collectors_disabled",
+        "collectors_enabled",
+        "metrics_enabled",
+        "metrics_disabled",
+        "engines",
+        mode="before",
+    )
+    @classmethod
+    def _names(cls, value: Any) -> Any:
+        if isinstance(value, str):  # the environment: comma-separated
+            return tuple(v for v in value.split(",") if v)
+        return tuple(value) if isinstance(value, list) else value
+
+    @model_validator(mode="after")
+    def _whole(self) -> Settings:
+        host, _, port = self.listen.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"listen: must be HOST:PORT, got {self.listen!r}")
+        if self.simulate is not None and self.scenario_file is not None:
+            raise ValueError("simulate: give either simulate or scenario_file, not both")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        given = _SOURCES.get()
+        if given is None:  # constructed directly: the values given, nothing else
+            return (init_settings,)
+        return (init_settings, _Environment(settings_cls, given.env), _File(settings_cls, given.file))
 
     @property
     def host(self) -> str:
@@ -77,102 +177,130 @@ class Settings:
         return self.simulate is not None or self.scenario_file is not None
 
 
-_HINTS = get_type_hints(Settings)
-FIELDS = {f.name: _HINTS[f.name] for f in dataclasses.fields(Settings)}
+FIELDS: dict[str, Any] = {name: f.annotation for name, f in Settings.model_fields.items()}
 
 
-def _coerce(key: str, value: Any, hint: Any) -> Any:
-    """Convert a YAML or environment value to the field's type, or fail naming the key."""
-    origin = get_origin(hint)
-    if origin in (Union, types.UnionType):
-        args = [a for a in get_args(hint) if a is not type(None)]
-        if value is None:
-            return None
-        return _coerce(key, value, args[0])
-    if origin is tuple:
-        if isinstance(value, str):
-            value = [v for v in value.split(",") if v]
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"setting '{key}' must be a list of strings, got {value!r}")
-        return tuple(str(v) for v in value)
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-            return value.lower() in ("1", "true", "yes", "on")
-        raise ConfigError(f"setting '{key}' must be a boolean, got {value!r}")
-    if hint in (int, float):
-        if isinstance(value, bool):
-            raise ConfigError(f"setting '{key}' must be a number, got {value!r}")
-        try:
-            number = hint(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"setting '{key}' must be a {hint.__name__}, got {value!r}") from None
-        if number < 0:
-            raise ConfigError(f"setting '{key}' must not be negative, got {value!r}")
-        return number
-    if hint is str:
-        if not isinstance(value, str | int | float) or isinstance(value, bool):
-            raise ConfigError(f"setting '{key}' must be a string, got {value!r}")
-        return str(value)
-    raise ConfigError(f"setting '{key}' has an unsupported type")  # pragma: no cover
+# ---- sources -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Given:
+    env: Mapping[str, str]
+    file: Mapping[str, Any]
+
+
+_SOURCES: contextvars.ContextVar[_Given | None] = contextvars.ContextVar("settings_sources", default=None)
+
+
+class _Environment(EnvSettingsSource):
+    """LLMGPU_* from a given mapping (the process environment, or a test's)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        self._given = dict(env)
+        super().__init__(settings_cls, env_prefix=ENV_PREFIX, case_sensitive=False)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(self._given, False, False, None)
+
+
+class _File(PydanticBaseSettingsSource):
+    """The YAML file's mapping, already read."""
+
+    def __init__(self, settings_cls: type[BaseSettings], values: Mapping[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._values = dict(values)
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"config file {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: must be a mapping of setting -> value")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
 def load(
-    flags: dict[str, Any], config_file: str | None = None, env: dict[str, str] | None = None
+    flags: Mapping[str, Any], config_file: str | None = None, env: Mapping[str, str] | None = None
 ) -> Settings:
-    """Merge the three sources; flags set to None count as not given."""
-    env = dict(os.environ) if env is None else env
-    merged: dict[str, Any] = {}
-    path = config_file or env.get("LLMGPU_CONFIG")
-    if path:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as err:
-            raise ConfigError(f"config file {path}: {err}") from err
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {path}: must be a mapping of setting -> value")
-        for key, value in data.items():
-            key = str(key).replace("-", "_")
-            if key not in FIELDS:
-                raise ConfigError(f"config file {path}: unknown setting '{key}'")
-            merged[key] = _coerce(key, value, FIELDS[key])
-    for key, hint in FIELDS.items():
-        raw = env.get(f"LLMGPU_{key.upper()}")
-        if raw is not None:
-            merged[key] = _coerce(f"LLMGPU_{key.upper()}", raw, hint)
-    if "node_name" not in merged and env.get("NODE_NAME"):
-        merged["node_name"] = env["NODE_NAME"]
-    for key, value in flags.items():
-        if value is not None and key in FIELDS:
-            merged[key] = _coerce(f"--{key.replace('_', '-')}", value, FIELDS[key])
-    settings = Settings(**merged)
-    validate(settings)
-    return settings
+    """Flags (None counts as not given) over the environment over the YAML file."""
+    env = dict(os.environ) if env is None else dict(env)
+    path = config_file or env.get(f"{ENV_PREFIX}CONFIG")
+    file = _read_file(path) if path else {}
+    given = {k: v for k, v in flags.items() if v is not None}
+    if "node_name" not in given and f"{ENV_PREFIX}NODE_NAME" not in env and env.get("NODE_NAME"):
+        given["node_name"] = env["NODE_NAME"]  # the downward API's name, below LLMGPU_NODE_NAME
+    token = _SOURCES.set(_Given(env, file))
+    try:
+        return Settings(**given)
+    except ValidationError as err:
+        raise ConfigError(_explain(err, given, env, file, path)) from None
+    finally:
+        _SOURCES.reset(token)
 
 
-def validate(s: Settings) -> None:
-    if ":" not in s.listen or not s.listen.rsplit(":", 1)[1].isdigit():
-        raise ConfigError(f"setting 'listen' must be HOST:PORT, got {s.listen!r}")
-    if s.interval < 0.05:
-        raise ConfigError(f"setting 'interval' must be at least 0.05 s, got {s.interval}")
-    if s.speed <= 0:
-        raise ConfigError(f"setting 'speed' must be positive, got {s.speed}")
-    if s.max_connections < 1:
-        raise ConfigError(f"setting 'max_connections' must be at least 1, got {s.max_connections}")
-    for key in ("idle_timeout", "header_timeout", "write_timeout"):
-        if getattr(s, key) <= 0:
-            raise ConfigError(f"setting '{key}' must be positive, got {getattr(s, key)}")
-    if s.engine_max_labels < 1 or s.engine_max_label_length < 1:
-        raise ConfigError("settings 'engine_max_labels' and 'engine_max_label_length' must be at least 1")
-    if s.metric_profile not in ("default", "full"):
-        raise ConfigError(f"setting 'metric_profile' must be default or full, got {s.metric_profile!r}")
-    if s.log_level.lower() not in ("debug", "info", "warning", "error"):
-        raise ConfigError(f"setting 'log_level' must be debug, info, warning or error, got {s.log_level!r}")
+EXPECTED = {
+    "float_parsing": "a number",
+    "float_type": "a number",
+    "int_parsing": "an integer",
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "bool_parsing": "a boolean",
+    "bool_type": "a boolean",
+    "string_type": "a string",
+    "tuple_type": "a list of strings",
+}
+
+
+def _explain(
+    err: ValidationError,
+    flags: Mapping[str, Any],
+    env: Mapping[str, str],
+    file: Mapping[str, Any],
+    path: str | None,
+) -> str:
+    """The first error, with the key as its source spells it."""
+    e = err.errors()[0]
+    key = str(e["loc"][0]) if e["loc"] else ""
+    if e["type"] == "extra_forbidden":
+        return f"config file {path}: unknown setting '{key}'" if key in file else f"unknown setting '{key}'"
+    if not key:  # a whole-model check: its message starts with the key
+        key, _, message = str(e["msg"]).removeprefix("Value error, ").partition(": ")
+        return f"setting '{key}' {message}"
+    if key in flags:
+        where = f"'--{key.replace('_', '-')}'"
+    elif f"{ENV_PREFIX}{key.upper()}" in {k.upper() for k in env}:
+        where = f"'{ENV_PREFIX}{key.upper()}'"
+    elif key in file:
+        where = f"config file {path}: '{key}'"
+    else:
+        where = f"setting '{key}'"
+    return f"{where} {_must(e)}, got {e.get('input')!r}"
+
+
+def _must(e: Any) -> str:
+    ctx = e.get("ctx") or {}
+    if e["type"] in EXPECTED:
+        return f"must be {EXPECTED[e['type']]}"
+    if e["type"] == "greater_than_equal":
+        return "must not be negative" if ctx.get("ge") == 0 else f"must be at least {ctx.get('ge')}"
+    if e["type"] == "greater_than":
+        return "must be positive" if ctx.get("gt") == 0 else f"must be more than {ctx.get('gt')}"
+    if e["type"] == "literal_error":
+        return f"must be one of {ctx.get('expected', '')}"
+    return f"is wrong: {e['msg']}"
 
 
 def replace(s: Settings, **changes: Any) -> Settings:
-    return dataclasses.replace(s, **changes)
+    """A copy with some settings changed (values the program made, not user input)."""
+    return s.model_copy(update=changes)
 
 
-__all__ = ["DEFAULT_PORT", "ConfigError", "Settings", "load", "replace"]
+__all__ = ["DEFAULT_PORT", "FIELDS", "ConfigError", "Settings", "load", "replace"]

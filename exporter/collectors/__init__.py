@@ -6,6 +6,7 @@ import importlib
 import pkgutil
 
 from exporter.collectors.base import REGISTRY, Collector, Context
+from exporter.config import ConfigError
 
 
 def load_all() -> None:
@@ -20,7 +21,7 @@ def build(ctx: Context) -> list[Collector]:
     s = ctx.settings
     unknown = (set(s.collectors_disabled) | set(s.collectors_enabled)) - set(REGISTRY)
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"unknown collector(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(REGISTRY))}"
         )
     out = []

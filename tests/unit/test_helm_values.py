@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 import json
 import re
 from collections.abc import Iterator
@@ -214,9 +216,11 @@ def test_config_schema_covers_exactly_the_exporter_settings() -> None:
     json_types = {str: "string", float: "number", int: "integer", bool: "boolean"}
     for key, spec in allowed.items():
         hint = config.FIELDS[key]
-        origin = getattr(hint, "__origin__", None)
+        origin = typing.get_origin(hint)
         if origin is tuple:
             assert spec["type"] == "array", key
+        elif origin is typing.Literal:
+            assert spec["type"] == "string" and set(spec["enum"]) == set(typing.get_args(hint)), key
         elif hint in json_types:
             assert spec["type"] == json_types[hint], key
         else:  # Optional[...]
