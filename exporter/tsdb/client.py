@@ -125,7 +125,9 @@ class QueryApi:
         return _series(data)
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[Series]:
-        data = self._get("query_range", {"query": expr, "start": _ts(start), "end": _ts(end), "step": _ts(step)})
+        data = self._get(
+            "query_range", {"query": expr, "start": _ts(start), "end": _ts(end), "step": _ts(step)}
+        )
         return _series(data)
 
 

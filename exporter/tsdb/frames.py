@@ -211,7 +211,7 @@ def _allocators(by: _ByGpu, i: int) -> tuple[AllocFrame, ...]:
         for pid, v in by.by(family, i, "pid").items():
             if pid.isdigit():
                 fields.setdefault(int(pid), {})[name] = v
-    return tuple(AllocFrame(pid=pid, **values) for pid, values in sorted(fields.items()))  # type: ignore[arg-type]
+    return tuple(AllocFrame(pid=pid, **values) for pid, values in sorted(fields.items()))
 
 
 # ---- engines -------------------------------------------------------------------------
@@ -264,7 +264,9 @@ def _engine(target: str, fams: Mapping[str, list[Row]]) -> EngineFrame:
     short = ", ".join(m.rsplit("/", 1)[-1] for m in models) or kind or "engine"
     links = fams.get("llmgpu_engine_gpu_info", ())
     gpus = tuple(sorted({int(lb["gpu"]) for lb, _ in links if lb.get("gpu", "").isdigit()}))
-    budgets = [_float(lb.get("gpu_memory_utilization")) for lb, _ in fams.get("llmgpu_engine_cache_config_info", ())]
+    budgets = [
+        _float(lb.get("gpu_memory_utilization")) for lb, _ in fams.get("llmgpu_engine_cache_config_info", ())
+    ]
     return EngineFrame(
         target=target,
         name=f"{short} @ {short_target(target)}",

@@ -25,7 +25,7 @@ from exporter.tsdb.frames import NodeSeries, frames
 
 WANTED = {f.name for f in FAMILIES}
 NOT_EXPORTED_ENGINE = ("pids", "cpu_numa_nodes")
-STEP_S = 30.0
+STEP_S = 60.0  # scenario seconds between cycles: every phase is seen
 
 
 def played(name: str, step_s: float = STEP_S) -> Iterator[tuple[Snapshot, bytes]]:
@@ -64,12 +64,8 @@ def merged(chunks: NodeSeries) -> NodeSeries:
 
 
 def comparable(frame: Frame) -> Frame:
-    engines = tuple(
-        dataclasses.replace(e, **{f: EngineFrame.__dataclass_fields__[f].default for f in NOT_EXPORTED_ENGINE})
-        if True
-        else e
-        for e in sorted(frame.engines, key=lambda e: e.target)
-    )
+    blank = {f: EngineFrame.__dataclass_fields__[f].default for f in NOT_EXPORTED_ENGINE}
+    engines = tuple(dataclasses.replace(e, **blank) for e in sorted(frame.engines, key=lambda e: e.target))
     gpus = tuple(dataclasses.replace(g, process_pids=tuple(sorted(g.process_pids))) for g in frame.gpus)
     return Frame(frame.taken_at, gpus, engines, frame.simulated)
 
