@@ -93,12 +93,16 @@ class Request:
         return self.start - self.history_seconds / self.time_scale
 
     def scaled(self, t: float) -> float:
+        """A sample's time as the frame's time: stretched by the time scale around the end."""
         return self.end + (t - self.end) * self.time_scale
+
+    def unscaled(self, t: float) -> float:
+        return self.end + (t - self.end) / self.time_scale
 
 
 @dataclass(frozen=True)
 class Episode:
-    """A finding active at some point of the span."""
+    """A finding active at some point of the span; times are the samples' (wall) times."""
 
     id: str
     severity: str
@@ -218,22 +222,23 @@ def replay(key: NodeKey, series: NodeSeries, req: Request, step: float) -> NodeR
         prev = frame.taken_at
         _, _, last = diagnoser.step(frame)
         if frame.taken_at >= span_from:
-            _track(open_, done, last)
+            _track(open_, done, last, req)
     assert last is not None
     episodes = sorted([*done, *open_.values()], key=lambda e: (e.first, e.id, e.gpu, e.target))
     return NodeResult(key, last, step, len(built), times[0], times[-1], episodes)
 
 
-def _track(open_: dict[tuple[str, str, str], Episode], done: list[Episode], d: Diagnosis) -> None:
+def _track(
+    open_: dict[tuple[str, str, str], Episode], done: list[Episode], d: Diagnosis, req: Request
+) -> None:
     now = {(f.id, f.subject.gpu, f.subject.target): f for f in d.findings}
     for k in [k for k in open_ if k not in now]:
         done.append(replace(open_.pop(k), at_end=False))
+    at = req.unscaled(d.taken_at)
     for k, f in now.items():
         ep = open_.get(k)
-        open_[k] = Episode(
-            f.id, f.severity, f.subject.gpu, f.subject.target, f.subject_name,
-            ep.first if ep else d.taken_at, d.taken_at, True,
-        )  # fmt: skip
+        first = ep.first if ep else req.unscaled(f.active_since)
+        open_[k] = Episode(f.id, f.severity, f.subject.gpu, f.subject.target, f.subject_name, first, at, True)
 
 
 def diagnose(api: QueryApi, req: Request) -> tuple[list[NodeResult], list[NodeKey]]:

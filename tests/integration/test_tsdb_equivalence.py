@@ -1,0 +1,543 @@
+"""`diagnose --prometheus` gives the live diagnosis back, from real Prometheus and VictoriaMetrics.
+
+One exporter per shipped scenario, each played in PLAY_S wall seconds (its `--speed` is
+its duration over PLAY_S), all at once, each its own scrape target. A real Prometheus
+scrapes them every second over TLS with client certificates and basic auth, and
+remote-writes everything to a real VictoriaMetrics; `vmalert` evaluates the shipped
+alert and recording rules against VictoriaMetrics and writes the recordings back.
+
+Once every scenario has played to its end, each exporter's live `/api/v1/diagnosis` is
+read and `diagnose --prometheus ... --at <that moment> --time-scale <speed>` must give
+the same findings (rule id, GPU, engine target), with every evidence number within
+TOLERANCE, from Prometheus and from VictoriaMetrics (behind vmauth, with a bearer
+token). Then every dashboard query has data in VictoriaMetrics, and every rule is
+healthy under vmalert.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import pytest
+import yaml
+from conftest import (
+    JOB,
+    PROMETHEUS,
+    RULE_FILES,
+    Lab,
+    Proc,
+    Prom,
+    Webhook,
+    free_port,
+    http_get,
+    shortened,
+    wait_until,
+)
+from test_dashboards_live import CASES, check_query
+
+from exporter import cli
+from exporter.sim.scenario import builtin_names, load_builtin
+from exporter.tsdb.client import Connection, QueryApi
+
+pytestmark = pytest.mark.integration
+
+VICTORIA = shutil.which("victoria-metrics")
+VMALERT = shutil.which("vmalert")
+VMAUTH = shutil.which("vmauth")
+PLAY_S = 40.0  # wall seconds each scenario takes to play to its end
+SETTLE_S = 3.0  # after the last scenario's end: its last phase is in the exporters' cycles
+CLUSTER = "tsdb"
+USER, PASSWORD, TOKEN = "diagnose", "s3cret-pass", "t0ken-for-vm"
+# Evidence numbers: the live diagnosis reads the exporter's latest cycle (every 0.5 s),
+# the TSDB its latest scrape (every 1 s), so a number may lag by one scrape; in the
+# steady state after each scenario's end that moves a value by a few percent at most.
+REL_TOL, ABS_TOL = 0.05, 1e-6
+
+
+@dataclass
+class Node:
+    scenario: str
+    port: int
+    speed: float
+    proc: Proc
+    started: float = 0.0
+
+    @property
+    def instance(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def name(self) -> str:
+        return f"{CLUSTER}-{self.scenario}"
+
+
+@dataclass
+class TsdbLab:
+    tmp: Path
+    prom_url: str
+    vm_url: str
+    vmauth_url: str
+    vmalert_url: str
+    nodes: dict[str, Node]
+    started: float
+    procs: list[Proc] = field(default_factory=list)
+    live: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+
+    def tls(self) -> list[str]:
+        d = self.tmp
+        return [
+            f"--prometheus-ca={d / 'ca.crt'}",
+            f"--prometheus-cert={d / 'client.crt'}",
+            f"--prometheus-key={d / 'client.key'}",
+        ]
+
+    def prometheus_args(self) -> list[str]:
+        return [
+            f"--prometheus={self.prom_url}",
+            f"--prometheus-user={USER}",
+            f"--prometheus-password-file={self.tmp / 'password'}",
+            *self.tls(),
+        ]
+
+    def victoria_args(self) -> list[str]:
+        return [f"--prometheus={self.vmauth_url}", f"--prometheus-bearer-token-file={self.tmp / 'token'}"]
+
+    def prom_api(self) -> QueryApi:
+        d = self.tmp
+        return QueryApi(
+            Connection(
+                self.prom_url,
+                user=USER,
+                password=PASSWORD,
+                ca_file=str(d / "ca.crt"),
+                cert_file=str(d / "client.crt"),
+                key_file=str(d / "client.key"),
+            )
+        )
+
+
+# ---- parts ---------------------------------------------------------------------------
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def pki(d: Path) -> None:
+    """A CA, and a server and a client certificate it signed, for 127.0.0.1."""
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=tsdb-ca",
+             "-keyout", str(d / "ca.key"), "-out", str(d / "ca.crt"))  # fmt: skip
+    for name in ("server", "client"):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                 "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"))  # fmt: skip
+        (d / f"{name}.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+        _openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.crt"),
+                 "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-days", "1",
+                 "-extfile", str(d / f"{name}.ext"), "-out", str(d / f"{name}.crt"))  # fmt: skip
+
+
+def prometheus_files(tmp: Path, nodes: dict[str, Node], vm_port: int) -> tuple[Path, Path]:
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+    web = {
+        "tls_server_config": {
+            "cert_file": str(tmp / "server.crt"),
+            "key_file": str(tmp / "server.key"),
+            "client_auth_type": "RequireAndVerifyClientCert",
+            "client_ca_file": str(tmp / "ca.crt"),
+        },
+        "basic_auth_users": {USER: hashed},
+    }
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms"},
+        "scrape_configs": [
+            {
+                "job_name": JOB,
+                "static_configs": [
+                    {
+                        "targets": [n.instance],
+                        "labels": {"cluster": CLUSTER, "node": n.name, "scenario": n.scenario},
+                    }
+                    for n in nodes.values()
+                ],
+            }
+        ],
+        "remote_write": [
+            {
+                "url": f"http://127.0.0.1:{vm_port}/api/v1/write",
+                "queue_config": {"batch_send_deadline": "500ms", "max_samples_per_send": 10000},
+            }
+        ],
+    }
+    (tmp / "web.yml").write_text(yaml.safe_dump(web))
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return tmp / "prometheus.yml", tmp / "web.yml"
+
+
+def exporter_proc(tmp: Path, scenario: str, port: int, speed: float) -> Proc:
+    args = [
+        sys.executable, "-m", "exporter.cli", "serve",
+        "--simulate", scenario,
+        "--speed", f"{speed:.4f}",
+        "--interval", "0.5",
+        "--listen", f"127.0.0.1:{port}",
+    ]  # fmt: skip
+    return Proc(f"exporter {scenario}", args, tmp / f"exporter-{scenario}.log")
+
+
+@contextlib.contextmanager
+def running(tmp: Path) -> Iterator[TsdbLab]:
+    if not (PROMETHEUS and VICTORIA and VMALERT and VMAUTH):
+        pytest.skip("prometheus and victoria-metrics (victoria-metrics, vmalert, vmauth) are needed")
+    pki(tmp)
+    (tmp / "password").write_text(PASSWORD + "\n")
+    (tmp / "token").write_text(TOKEN + "\n")
+    procs: list[Proc] = []
+    sink = Webhook()  # vmalert's notifier: alerts go nowhere, the rules' health is the point
+    try:
+        vm_port, vmauth_port, vmalert_port, prom_port = (free_port() for _ in range(4))
+        vm_url = f"http://127.0.0.1:{vm_port}"
+        procs.append(
+            Proc(
+                "victoria-metrics",
+                [
+                    VICTORIA,
+                    f"-storageDataPath={tmp / 'vm-data'}",
+                    f"-httpListenAddr=127.0.0.1:{vm_port}",
+                    "-search.latencyOffset=0s",  # show samples at once, not 30 s later
+                    "-search.disableCache",
+                    "-retentionPeriod=1d",
+                    "-loggerLevel=ERROR",
+                ],
+                tmp / "vm.log",
+            ).start()
+        )
+        auth = {"users": [{"bearer_token": TOKEN, "url_prefix": vm_url}]}
+        (tmp / "vmauth.yml").write_text(yaml.safe_dump(auth))
+        procs.append(
+            Proc(
+                "vmauth",
+                [
+                    VMAUTH,
+                    f"-auth.config={tmp / 'vmauth.yml'}",
+                    f"-httpListenAddr=127.0.0.1:{vmauth_port}",
+                    "-loggerLevel=ERROR",
+                ],
+                tmp / "vmauth.log",
+            ).start()
+        )
+        rules_dir = tmp / "rules"
+        rules_dir.mkdir()
+        rules = [shortened(p, rules_dir / p.name) for p in RULE_FILES]
+        procs.append(
+            Proc(
+                "vmalert",
+                [
+                    VMALERT,
+                    *(f"-rule={p}" for p in rules),
+                    f"-datasource.url={vm_url}",
+                    f"-remoteWrite.url={vm_url}",
+                    f"-notifier.url={sink.url}",
+                    "-evaluationInterval=2s",
+                    f"-httpListenAddr=127.0.0.1:{vmalert_port}",
+                    "-loggerLevel=ERROR",
+                ],
+                tmp / "vmalert.log",
+            ).start()
+        )
+        names = builtin_names()
+        nodes = {}
+        for name in names:
+            port = free_port()
+            speed = load_builtin(name).duration / PLAY_S
+            nodes[name] = Node(name, port, speed, exporter_proc(tmp, name, port, speed))
+        prom_conf, web_conf = prometheus_files(tmp, nodes, vm_port)
+        procs.append(
+            Proc(
+                "prometheus",
+                [
+                    PROMETHEUS,
+                    f"--config.file={prom_conf}",
+                    f"--web.config.file={web_conf}",
+                    f"--storage.tsdb.path={tmp / 'prom-data'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                    "--log.level=warn",
+                ],
+                tmp / "prometheus.log",
+            ).start()
+        )
+        lab = TsdbLab(
+            tmp,
+            f"https://127.0.0.1:{prom_port}",
+            vm_url,
+            f"http://127.0.0.1:{vmauth_port}",
+            f"http://127.0.0.1:{vmalert_port}",
+            nodes,
+            time.time(),
+            procs,
+        )
+
+        def logs() -> str:
+            return "\n\n".join(f"--- {p.name} ---\n{p.tail()}" for p in procs if not p.alive())
+
+        try:
+            with lab.prom_api() as api:
+                wait_until(lambda: api.query("vector(1)", time.time()), 30, "Prometheus over TLS")
+            wait_until(lambda: http_get(f"{vm_url}/health"), 30, "VictoriaMetrics")
+            for node in nodes.values():  # Prometheus first: it scrapes each exporter from its start
+                procs.append(node.proc.start())
+                node.started = time.time()
+            with lab.prom_api() as api:
+                wait_until(
+                    lambda: len(api.query(f'up{{job="{JOB}"}} == 1', time.time())) == len(nodes),
+                    60,
+                    "Prometheus to scrape every exporter",
+                )
+            lab.started = time.time()
+        except TimeoutError as err:
+            raise RuntimeError(f"{err}\n{logs()}") from None
+        yield lab
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        sink.stop()
+
+
+@pytest.fixture(scope="module")
+def tsdb_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TsdbLab]:
+    with running(tmp_path_factory.mktemp("tsdb")) as lab:
+        # every exporter serves by lab.started, so its scenario clock started before that
+        time.sleep(max(0.0, lab.started + PLAY_S + SETTLE_S - time.time()))
+        for name, node in lab.nodes.items():  # the live answers, each at its moment
+            body = json.loads(http_get(f"http://{node.instance}/api/v1/diagnosis"))
+            lab.live[name] = (time.time(), body)
+        time.sleep(2.0)  # Prometheus has scraped past the last of those moments
+        yield lab
+
+
+# ---- the CLI, in this process ---------------------------------------------------------
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["diagnose", *argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def from_tsdb(lab: TsdbLab, backend: list[str], scenario: str) -> dict[str, Any]:
+    node = lab.nodes[scenario]
+    at, _ = lab.live[scenario]
+    code, out, err = run_cli(
+        *backend,
+        f"--instance={node.instance}",
+        f"--at={at:.3f}",
+        f"--time-scale={node.speed:.4f}",
+        "--format=json",
+    )
+    assert code in (0, 1), f"{scenario}: exit {code}: {err}"
+    data: dict[str, Any] = json.loads(out)
+    return data
+
+
+# ---- comparison ---------------------------------------------------------------------------
+
+
+def keyed(data: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    return {(f["id"], f["gpu"], f["target"]): f for f in data["findings"]}
+
+
+def close(a: object, b: object) -> bool:
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return math.isclose(float(a), float(b), rel_tol=REL_TOL, abs_tol=ABS_TOL)
+    return a == b
+
+
+def differences(live: dict[str, Any], tsdb: dict[str, Any]) -> list[str]:
+    want, got = keyed(live), keyed(tsdb)
+    out = []
+    if set(want) != set(got):
+        out.append(f"findings: live {sorted(want)} vs TSDB {sorted(got)}")
+    for key in set(want) & set(got):
+        ev_live = [(e["name"], e["value"]) for e in want[key]["evidence"]]
+        ev_tsdb = [(e["name"], e["value"]) for e in got[key]["evidence"]]
+        names_live = [n for n, _ in ev_live if n != "reason"]
+        names_tsdb = [n for n, _ in ev_tsdb if n != "reason"]
+        if names_live != names_tsdb:
+            out.append(f"{key}: evidence {names_live} vs {names_tsdb}")
+            continue
+        for (name, a), (_, b) in zip(
+            [e for e in ev_live if e[0] != "reason"], [e for e in ev_tsdb if e[0] != "reason"], strict=True
+        ):
+            if not close(a, b):
+                out.append(f"{key}: {name} live {a!r} vs TSDB {b!r}")
+    return out
+
+
+SCENARIOS = builtin_names()
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_prometheus_gives_the_live_diagnosis(tsdb_lab: TsdbLab, scenario: str) -> None:
+    _, live = tsdb_lab.live[scenario]
+    tsdb = from_tsdb(tsdb_lab, tsdb_lab.prometheus_args(), scenario)
+    assert not differences(live, tsdb), "\n".join(differences(live, tsdb))
+    assert tsdb["simulated"] is True and tsdb["summary"]["gpus"] == live["summary"]["gpus"]
+    assert tsdb["summary"]["engines"] == live["summary"]["engines"]
+
+
+def test_the_scenarios_cover_the_rules(tsdb_lab: TsdbLab) -> None:
+    """The comparison above means something: most rules are active somewhere at the end."""
+    seen = {f["id"] for _, live in tsdb_lab.live.values() for f in live["findings"]}
+    declared = {f for s in SCENARIOS for f in load_builtin(s).expect_findings}
+    assert len(seen & declared) >= len(declared) - 3, f"live findings {sorted(seen)}"
+
+
+def wait_for_victoria(lab: TsdbLab) -> None:
+    last = max(at for at, _ in lab.live.values())
+    prom = Prom(lab.vm_url)
+
+    def caught_up() -> bool:
+        r = prom.query(f'min(timestamp(llmgpu_exporter_build_info{{cluster="{CLUSTER}"}}))')
+        return bool(r) and float(r[0]["value"][1]) >= last
+
+    wait_until(caught_up, 30, "VictoriaMetrics to have every sample Prometheus wrote")
+
+
+@pytest.fixture(scope="module")
+def victoria(tsdb_lab: TsdbLab) -> TsdbLab:
+    wait_for_victoria(tsdb_lab)
+    return tsdb_lab
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_victoria_metrics_gives_the_live_diagnosis(victoria: TsdbLab, scenario: str) -> None:
+    _, live = victoria.live[scenario]
+    tsdb = from_tsdb(victoria, victoria.victoria_args(), scenario)
+    assert not differences(live, tsdb), "\n".join(differences(live, tsdb))
+
+
+def test_fleet_report_lists_every_node_worst_first(victoria: TsdbLab) -> None:
+    at = max(t for t, _ in victoria.live.values())
+    code, out, err = run_cli(*victoria.victoria_args(), f"--at={at:.3f}", "--format=json")
+    assert code == 1, err
+    data = json.loads(out)
+    assert {n["instance"] for n in data["nodes"]} == {n.instance for n in victoria.nodes.values()}
+    rank = {"critical": 0, "warning": 1, "info": 2, "ok": 3}
+    order = [rank[n["status"]] for n in data["nodes"]]
+    assert order == sorted(order)
+    assert data["nodes"][0]["status"] == "critical" and data["status"] == "critical"
+    code, text, _ = run_cli(*victoria.victoria_args(), f"--at={at:.3f}")
+    assert f"{CLUSTER}-gpu-lost (127.0.0.1:{victoria.nodes['gpu-lost'].port})" in text
+
+
+def test_a_span_lists_the_findings_seen_in_it(tsdb_lab: TsdbLab) -> None:
+    node = tsdb_lab.nodes["gpu-lost"]
+    at, live = tsdb_lab.live["gpu-lost"]
+    code, out, err = run_cli(
+        *tsdb_lab.prometheus_args(),
+        f"--node={node.name}",
+        f"--from={node.started:.3f}",
+        f"--to={at:.3f}",
+        f"--time-scale={node.speed:.4f}",
+        "--format=json",
+    )
+    assert code == 1, err
+    data = json.loads(out)
+    span = {(e["id"], e["gpu"]) for e in data["span_findings"]}
+    assert {(f["id"], f["gpu"]) for f in live["findings"]} <= span
+    assert all(
+        node.started - 1 <= e["from"] <= at for e in data["span_findings"] if e["id"] == "hardware/gpu_lost"
+    )
+
+
+# ---- errors, with the real TLS and auth in front of Prometheus ----------------------------
+
+
+def test_wrong_credentials_and_tls_are_refused_clearly(tsdb_lab: TsdbLab) -> None:
+    base = [f"--prometheus={tsdb_lab.prom_url}", *tsdb_lab.tls()]
+    code, _, err = run_cli(*base, f"--prometheus-user={USER}")  # no password anywhere
+    assert code == cli.EXIT_TSDB_UNREACHABLE and "401" in err
+    code, _, err = run_cli(f"--prometheus={tsdb_lab.prom_url}", f"--prometheus-ca={tsdb_lab.tmp / 'ca.crt'}")
+    assert code == cli.EXIT_TSDB_UNREACHABLE, err  # no client certificate: the handshake fails
+    code, _, err = run_cli(f"--prometheus={tsdb_lab.prom_url}")
+    assert code == cli.EXIT_TSDB_UNREACHABLE and "certificate" in err.lower()
+    code, _, err = run_cli(f"--prometheus=http://127.0.0.1:{free_port()}")
+    assert code == cli.EXIT_TSDB_UNREACHABLE and "cannot reach" in err
+
+
+def test_password_from_the_environment(tsdb_lab: TsdbLab, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cli.PASSWORD_ENV, PASSWORD)
+    node = tsdb_lab.nodes["healthy"]
+    code, out, err = run_cli(
+        f"--prometheus={tsdb_lab.prom_url}", f"--prometheus-user={USER}", *tsdb_lab.tls(),
+        f"--instance={node.instance}", f"--time-scale={node.speed:.4f}",
+    )  # fmt: skip
+    assert code == 0, err
+    assert out.startswith(f"From {tsdb_lab.prom_url}: {node.name} ({node.instance})")
+    assert "No active findings" in out
+
+
+def test_unknown_node_and_empty_span(tsdb_lab: TsdbLab) -> None:
+    code, _, err = run_cli(*tsdb_lab.prometheus_args(), "--node=no-such-node")
+    assert code == cli.EXIT_UNKNOWN_NODE
+    assert all(n.name in err for n in tsdb_lab.nodes.values())  # the known nodes are listed
+    code, _, err = run_cli(*tsdb_lab.prometheus_args(), f"--at={tsdb_lab.started - 7200:.0f}")
+    assert code == cli.EXIT_NO_DATA and "no llmgpu_exporter series" in err
+
+
+# ---- VictoriaMetrics as the store behind the dashboards and the rules -----------------------
+
+
+def vm_lab(lab: TsdbLab) -> Lab:
+    """The dashboards' checks read a `Lab`; this one points at VictoriaMetrics."""
+    nodes = {n.name: (CLUSTER, n.scenario, n.port) for n in lab.nodes.values()}
+    return Lab(Prom(lab.vm_url), "", Webhook(), nodes, lab.started)
+
+
+@pytest.fixture(scope="module")
+def dash_lab(victoria: TsdbLab) -> Iterator[Lab]:
+    lab = vm_lab(victoria)
+    yield lab
+    lab.webhook.stop()
+
+
+@pytest.mark.parametrize(("board", "title", "query", "scenario"), CASES)
+def test_dashboard_query_has_data_in_victoria_metrics(
+    dash_lab: Lab, board: str, title: str, query: Any, scenario: str
+) -> None:
+    check_query(dash_lab, board, title, query, scenario)
+
+
+def test_every_rule_is_healthy_under_vmalert(victoria: TsdbLab) -> None:
+    expected = {
+        r.get("alert") or r.get("record")
+        for p in RULE_FILES
+        for g in yaml.safe_load(p.read_text())["groups"]
+        for r in g["rules"]
+    }
+
+    def evaluated() -> list[dict[str, Any]] | None:
+        groups = json.loads(http_get(f"{victoria.vmalert_url}/api/v1/rules"))["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        return rules if rules and all(r.get("lastEvaluation", "").startswith("2") for r in rules) else None
+
+    rules = wait_until(evaluated, 20, "vmalert to evaluate every rule")
+    assert {r["name"] for r in rules} == expected
+    bad = [
+        (r["name"], r.get("health"), r.get("lastError"))
+        for r in rules
+        if r.get("health") != "ok" or r.get("lastError")
+    ]
+    assert not bad, bad
