@@ -31,6 +31,7 @@ from exporter.tsdb.frames import NodeSeries, frames
 MAX_POINTS = 10_000  # per series and query: Prometheus refuses more than 11,000
 STEP_SAMPLE_S = 900.0  # raw samples read to find the scrape step
 RESET_GAP_STEPS = 10  # a node silent this many steps (and 2 min) starts a fresh history
+SILENT_S = 60.0  # a node whose last sample is older than this at the span's start was silent
 
 
 class NoData(TsdbError):
@@ -206,7 +207,7 @@ def fetch(api: QueryApi, req: Request, step: float, workers: int = 4) -> dict[st
 def replay(key: NodeKey, series: NodeSeries, req: Request, step: float) -> NodeResult | None:
     """The node's diagnosis at the end of the span; None without a frame in the window."""
     times = series.times()
-    if not times or times[-1] < req.start - 2 * step:
+    if not times or times[-1] < req.start - max(SILENT_S, 2 * step):
         return None  # silent through the span: its last state is history, not the answer
     built = [f for f in frames(series, req.scaled) if f.taken_at <= req.scaled(req.end)]
     diagnoser = Diagnoser(history_seconds=req.history_seconds, thresholds=req.thresholds)
