@@ -111,8 +111,8 @@ class QueryApi:
             body = resp.json()
         except ValueError:
             raise BadAnswer(
-                f"{self.url}/api/v1/{path} answered HTTP {resp.status_code} without JSON: "
-                "is this the Prometheus query API?"
+                f"{self.url}/api/v1/{path} answered HTTP {resp.status_code} without JSON "
+                f"({resp.text[:120]!r}): is this the Prometheus query API?"
             ) from None
         if not isinstance(body, dict) or body.get("status") != "success":
             what = body.get("error") if isinstance(body, dict) else None

