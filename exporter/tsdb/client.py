@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import ssl
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,13 @@ class Refused(TsdbError):
 
 class BadAnswer(TsdbError):
     """The server answered, but not as the query API does (or with a query error)."""
+
+
+class Truncated(BadAnswer):
+    """A success answer that broke off (seen behind a loaded proxy): worth another try."""
+
+
+RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,16 @@ class QueryApi:
         self.close()
 
     def _get(self, path: str, params: Mapping[str, str]) -> Any:
+        for attempt in range(RETRIES):
+            try:
+                return self._once(path, params)
+            except Truncated:
+                if attempt == RETRIES - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def _once(self, path: str, params: Mapping[str, str]) -> Any:
         try:
             resp = self._client.post(f"/api/v1/{path}", data=dict(params))
         except httpx.TimeoutException as err:
@@ -110,6 +128,8 @@ class QueryApi:
         try:
             body = resp.json()
         except ValueError:
+            if resp.status_code == 200 and resp.text.startswith('{"status":"success"'):
+                raise Truncated(f"{self.url}/api/v1/{path}: the answer broke off") from None
             raise BadAnswer(
                 f"{self.url}/api/v1/{path} answered HTTP {resp.status_code} without JSON "
                 f"({resp.text[:120]!r}): is this the Prometheus query API?"
