@@ -360,7 +360,7 @@ def running(tmp: Path) -> Iterator[TsdbLab]:
             with lab.prom_api() as api:
                 wait_until(
                     lambda: len(answers(api, f'up{{cluster="{CLUSTER}"}} == 1')) == len(nodes),
-                    60,
+                    120,  # 17 exporters starting at once on a shared machine
                     "Prometheus to scrape every exporter",
                 )
             lab.started = time.time()
@@ -501,7 +501,7 @@ def wait_for_victoria(lab: TsdbLab) -> None:
             raise ValueError(f"behind by {behind}")
         return True
 
-    wait_until(caught_up, 60, "VictoriaMetrics to have every sample Prometheus wrote")
+    wait_until(caught_up, 120, "VictoriaMetrics to have every sample Prometheus wrote")
 
 
 @pytest.fixture(scope="module")
