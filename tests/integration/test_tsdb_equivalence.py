@@ -502,6 +502,20 @@ def wait_for_victoria(lab: TsdbLab) -> None:
         return True
 
     wait_until(caught_up, 120, "VictoriaMetrics to have every sample Prometheus wrote")
+    # and every series: a loaded VictoriaMetrics makes new series searchable gradually
+    at = min(t for t, _ in lab.live.values())
+    count = f'count({{__name__=~"llmgpu_.+", cluster="{CLUSTER}"}})'
+    with lab.prom_api() as api:
+        want = float(api.query(count, at)[0].points[0][1])
+
+    def same_series() -> bool:
+        r = prom.query(count, at=at)
+        have = float(r[0]["value"][1]) if r else 0.0
+        if have < want:
+            raise ValueError(f"{have:.0f} of {want:.0f} series")
+        return True
+
+    wait_until(same_series, 120, "VictoriaMetrics to hold every series Prometheus has")
 
 
 @pytest.fixture(scope="module")
