@@ -629,6 +629,7 @@ VM_INTERMITTENT = {
     ("fleet", "Nodes with GPUs not serving", "gpu-lost"): "instance_state:llmgpu_gpus:count (vmalert)",
     ("fleet", "Nodes with GPUs not serving", "sm-saturation"): "instance_state:llmgpu_gpus:count",
     ("fleet", "Nodes with GPUs not serving", "thermal-throttle"): "instance_state:llmgpu_gpus:count",
+    ("diagnosis", "Findings now", "sm-saturation"): "instant query of the node scraped every 0.5 s",
     ("engine", "TTFT SLO: share over 200 ms and burn rate", "healthy"): (
         "target_model:llmgpu_engine_ttft_over_slo:ratio_rate5m/1h (vmalert)"
     ),
