@@ -24,6 +24,10 @@ EXIT_UNHEALTHY = 1  # healthcheck: Docker reads 0 and 1 only (it reserves 2)
 EXIT_USAGE = 2  # a bad flag, setting, config file or scenario
 EXIT_NO_DRIVER = 3  # no NVIDIA driver (and no --simulate)
 EXIT_ADDRESS = 4  # serve: the address is in use or not ours to take
+EXIT_TSDB_UNREACHABLE = 5  # diagnose --prometheus: the query API cannot be used
+EXIT_UNKNOWN_NODE = 6  # diagnose --prometheus: no such instance or node in the TSDB
+EXIT_NO_DATA = 7  # diagnose --prometheus: the span holds no data
+PASSWORD_ENV = "LLMGPU_PROMETHEUS_PASSWORD"
 NO_DRIVER_HINT = "try `llm-gpu-exporter serve --simulate healthy` for a demo on simulated GPUs"
 
 
@@ -83,7 +87,13 @@ def parser() -> argparse.ArgumentParser:
     diag = command("diagnose", "report what slows the node down or puts it at OOM risk")
     _add_settings(diag)
     diag.add_argument("--url", help="ask a running exporter (http://host:port) instead of sampling here")
-    diag.add_argument("--step", type=float, default=5.0, help="scenario seconds per step with --simulate")
+    diag.add_argument(
+        "--step",
+        help="seconds per step: scenario seconds with --simulate (default 5), the query step with "
+        "--prometheus (default: the scrape interval)",
+    )
+    diag.add_argument("--format", choices=("text", "json"), default="text", help="report format")
+    _tsdb_flags(diag)
 
     check = command("selfcheck", "compare the exporter's readings with nvidia-smi's on this node")
     _add_settings(check)
@@ -97,6 +107,37 @@ def parser() -> argparse.ArgumentParser:
         "--xid-seconds", type=float, default=3.0, help="seconds to listen for XID events (default 3)"
     )
     return top
+
+
+def _tsdb_flags(diag: argparse.ArgumentParser) -> None:
+    t = diag.add_argument_group("diagnosis from Prometheus or VictoriaMetrics (--prometheus)")
+    t.add_argument("--prometheus", metavar="URL", help="rebuild the diagnosis from this query API")
+    t.add_argument("--instance", help="the node's instance label (host:port); without it: every node")
+    t.add_argument("--node", help="the node's node label (set by the Helm chart's relabelling)")
+    t.add_argument("--selector", metavar="MATCHERS", help='extra label matchers, e.g. cluster="prod"')
+    t.add_argument("--at", metavar="TIME", help="the moment: RFC3339, unix seconds, now-1h (default now)")
+    t.add_argument("--from", dest="span_from", metavar="TIME", help="start of a span (with --to)")
+    t.add_argument("--to", dest="span_to", metavar="TIME", help="end of a span (default now)")
+    t.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="seconds the data means per stored second: the exporter's --speed for a simulation",
+    )
+    t.add_argument("--prometheus-user", metavar="USER", help="basic-auth user")
+    t.add_argument(
+        "--prometheus-password-file",
+        metavar="FILE",
+        help=f"basic-auth password file (else ${PASSWORD_ENV})",
+    )
+    t.add_argument("--prometheus-bearer-token-file", metavar="FILE", help="bearer token file")
+    t.add_argument("--prometheus-ca", metavar="FILE", help="CA bundle the server's certificate must chain to")
+    t.add_argument("--prometheus-cert", metavar="FILE", help="client certificate (PEM)")
+    t.add_argument("--prometheus-key", metavar="FILE", help="client certificate key (PEM)")
+    t.add_argument(
+        "--prometheus-insecure-skip-verify", action="store_true", help="accept any server certificate"
+    )
+    t.add_argument("--prometheus-timeout", type=float, default=60.0, help="seconds per query (default 60)")
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -132,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             from exporter import selfcheck
 
             return selfcheck.main(settings, args.nvidia_smi, args.smi_timeout, args.xid_seconds)
-        return diagnose(settings, url=args.url, step=args.step)
+        return diagnose(settings, args)
     except NvmlUnavailable as err:
         print(f"llm-gpu-exporter: {err}; {NO_DRIVER_HINT}", file=sys.stderr)
         return EXIT_NO_DRIVER
@@ -280,13 +321,16 @@ def snapshot(settings: Settings, as_json: bool) -> int:
     return 0
 
 
-def diagnose(settings: Settings, url: str | None, step: float) -> int:
+def diagnose(settings: Settings, args: argparse.Namespace) -> int:
     from exporter.diagnosis.report import exit_code, render_text
 
+    if args.prometheus is not None:
+        return diagnose_tsdb(args)
     data: dict[str, Any]
-    if url is not None:
+    if args.url is not None:
         import httpx
 
+        url = args.url
         try:
             data = httpx.get(url.rstrip("/") + "/api/v1/diagnosis", timeout=10).raise_for_status().json()
         except httpx.HTTPError as err:
@@ -295,8 +339,14 @@ def diagnose(settings: Settings, url: str | None, step: float) -> int:
     else:
         from exporter import app
         from exporter.diagnosis.routes import diagnosis_json
+        from exporter.tsdb.timespec import TimeError, duration
 
         if settings.simulated:
+            try:
+                step = duration(args.step) if args.step is not None else 5.0
+            except TimeError as err:
+                print(f"llm-gpu-exporter: --step: {err}", file=sys.stderr)
+                return EXIT_USAGE
             *_, last = app.simulate(settings, step_s=step)
         else:
             exporter = app.build(settings)
@@ -309,8 +359,91 @@ def diagnose(settings: Settings, url: str | None, step: float) -> int:
             print("llm-gpu-exporter: no diagnosis was produced", file=sys.stderr)
             return EXIT_USAGE
         data = found
-    print(render_text(data))
+    print(json.dumps(data, indent=2) if args.format == "json" else render_text(data))
     return int(exit_code(data))
+
+
+def diagnose_tsdb(args: argparse.Namespace) -> int:
+    """`diagnose --prometheus URL`: the diagnosis rebuilt from stored series."""
+    import os
+
+    from exporter.diagnosis.report import exit_code
+    from exporter.tsdb import output
+    from exporter.tsdb.client import Connection, QueryApi, TsdbError
+    from exporter.tsdb.replay import NoData, Request, Selection, UnknownNode, diagnose
+    from exporter.tsdb.timespec import TimeError, duration, moment
+
+    def fail(code: int, message: str) -> int:
+        print(f"llm-gpu-exporter: {message}", file=sys.stderr)
+        return code
+
+    now = time.time()
+    try:
+        if args.at is not None and (args.span_from is not None or args.span_to is not None):
+            return fail(EXIT_USAGE, "give --at or --from/--to, not both")
+        if args.span_from is not None:
+            end = moment(args.span_to, now) if args.span_to is not None else now
+            start = moment(args.span_from, now)
+        elif args.span_to is not None:
+            return fail(EXIT_USAGE, "--to needs --from")
+        else:
+            start = end = moment(args.at, now) if args.at is not None else now
+        step = duration(args.step) if args.step is not None else None
+    except TimeError as err:
+        return fail(EXIT_USAGE, str(err))
+    if start > end:
+        return fail(EXIT_USAGE, "--from is after --to")
+    if (step is not None and step <= 0) or args.time_scale <= 0:
+        return fail(EXIT_USAGE, "--step and --time-scale must be positive")
+    if args.instance is not None and args.node is not None:
+        return fail(EXIT_USAGE, "give --instance or --node, not both")
+    try:
+        password = None
+        if args.prometheus_password_file:
+            password = _read_secret(args.prometheus_password_file)
+        elif args.prometheus_user is not None:
+            password = os.environ.get(PASSWORD_ENV)
+        token = _read_secret(args.prometheus_bearer_token_file) if args.prometheus_bearer_token_file else None
+    except OSError as err:
+        return fail(EXIT_USAGE, f"cannot read a credential file: {err}")
+    conn = Connection(
+        url=args.prometheus,
+        user=args.prometheus_user,
+        password=password,
+        bearer_token=token,
+        ca_file=args.prometheus_ca,
+        cert_file=args.prometheus_cert,
+        key_file=args.prometheus_key,
+        insecure_skip_verify=args.prometheus_insecure_skip_verify,
+        timeout_s=args.prometheus_timeout,
+    )
+    selection = Selection(args.instance, args.node, args.selector or "")
+    req = Request(selection, start, end, step, args.time_scale)
+    try:
+        with QueryApi(conn) as api:
+            results, silent = diagnose(api, req)
+    except UnknownNode as err:
+        known = "\n  ".join(str(k) for k in err.known)
+        return fail(EXIT_UNKNOWN_NODE, f"{err}; nodes known then:\n  {known}")
+    except NoData as err:
+        return fail(EXIT_NO_DATA, f"{err} ({args.prometheus})")
+    except TsdbError as err:
+        return fail(EXIT_TSDB_UNREACHABLE, str(err))
+    if selection.one_node:
+        data = output.node_json(args.prometheus, req, results[0])
+        text = output.node_text(data)
+        code = int(exit_code(data))
+    else:
+        data = output.fleet_json(args.prometheus, req, results, silent)
+        text = output.fleet_text(data)
+        code = output.fleet_exit_code(data)
+    print(json.dumps(data, indent=2) if args.format == "json" else text)
+    return code
+
+
+def _read_secret(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read().strip()
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ need=()
 command -v promtool >/dev/null || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
 command -v chromium >/dev/null || need+=(chromium)
+# victoria-metrics brings the victoria-metrics, vmagent, vmalert and vmauth binaries
+{ command -v victoria-metrics && command -v vmalert && command -v vmauth; } >/dev/null || need+=(victoria-metrics)
 if ((${#need[@]})); then
   sudo=""; [[ $(id -u) -eq 0 ]] || sudo="sudo"
   $sudo apt-get update -qq

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import typing
-
 import json
 import re
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
