@@ -168,7 +168,8 @@ oom = Row(
         timeseries(
             "Evidence: KV cache and preemptions (memory/kv_cache_saturated)",
             f"KV-cache usage (rule: {pct(TH.kv_usage_min_ratio)}) and preemptions per minute (rule: "
-            f"{TH.kv_preemptions_min_per_second * 60:g} per minute).",
+            f"{TH.kv_preemptions_min_per_second * 60:g} per minute). KV usage of "
+            f"{pct(TH.kv_leak_min_ratio)} or more while nothing runs or waits is memory/kv_cache_leak.",
             [
                 q(f"llmgpu_engine_kv_cache_usage_ratio{{{ENG}}}", "{{target}} KV usage"),
                 q(f"60 * {rate('llmgpu_engine_preemptions_total', ENG)}", "{{target}} preemptions/min"),

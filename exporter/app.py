@@ -67,7 +67,10 @@ def load_scenario(settings: Settings) -> Scenario | None:
 
 def enrichers(settings: Settings) -> list[Enricher]:
     """Whole-snapshot steps, in order: the engine-GPU join, then the diagnosis."""
-    return [engine_gpus, Diagnoser(history_seconds=settings.history_seconds)]
+    return [
+        engine_gpus,
+        Diagnoser(history_seconds=settings.history_seconds, gpu_hour_price=settings.gpu_hour_price),
+    ]
 
 
 def pod_attribution(socket: str, closers: list[Callable[[], None]]) -> Attribution:

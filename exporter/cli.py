@@ -41,6 +41,9 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="an inference engine's /metrics URL, optionally TYPE=URL (repeatable)",
     )
     p.add_argument("--log-level", help="debug, info, warning or error")
+    p.add_argument(
+        "--gpu-hour-price", type=float, help="price of one GPU-hour, for cost per million tokens (any currency)"
+    )
 
 
 def parser() -> argparse.ArgumentParser:

@@ -53,6 +53,9 @@ class Settings:
     kubelet_socket: str | None = None  # pod-resources socket; None = no pod attribution
     node_name: str | None = None
     history_seconds: float = 900.0  # diagnosis ring buffer span
+    # What one GPU costs per hour, in any currency (cost per million tokens is in the same);
+    # None: no cost figures
+    gpu_hour_price: float | None = None
 
     @property
     def host(self) -> str:

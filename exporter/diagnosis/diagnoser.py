@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
+from exporter.diagnosis.efficiency import Efficiency, efficiencies, reading
 from exporter.diagnosis.fmt import duration
 from exporter.diagnosis.frame import EngineFrame, Frame, GpuFrame, frame_of
 from exporter.diagnosis.history import History
@@ -22,6 +23,7 @@ from exporter.diagnosis.model import (
     Candidate,
     Card,
     Diagnosis,
+    EngineEfficiencies,
     Evidence,
     Finding,
     FindingState,
@@ -190,8 +192,10 @@ class Diagnoser:
         history_seconds: float = 900.0,
         thresholds: Thresholds = DEFAULT,
         rules: Iterable[Rule] = RULES,
+        gpu_hour_price: float | None = None,
     ) -> None:
         self.thresholds = thresholds
+        self.gpu_hour_price = gpu_hour_price  # currency-free; None: no cost figures
         self.rules = tuple(rules)
         self.history = History(history_seconds)
         self._states: dict[tuple[str, str, str], _State] = {}
@@ -201,13 +205,21 @@ class Diagnoser:
         self.latest: Diagnosis | None = None
 
     def __call__(self, snapshot: Snapshot) -> tuple[object, ...]:
-        return self.step(frame_of(snapshot))
+        return self.readings(frame_of(snapshot))
 
     def step(self, frame: Frame) -> tuple[FindingStates, OomRiskRatios, Diagnosis]:
+        states, ratios, diagnosis, *_ = self.readings(frame)
+        assert isinstance(states, FindingStates) and isinstance(ratios, OomRiskRatios)
+        assert isinstance(diagnosis, Diagnosis)
+        return states, ratios, diagnosis
+
+    def readings(self, frame: Frame) -> tuple[object, ...]:
+        """Everything the diagnosis adds to a snapshot: finding states, OOM-risk ratios, the
+        Diagnosis, and the engines' energy and cost per token."""
         with self._lock:
             return self._step(frame)
 
-    def _step(self, frame: Frame) -> tuple[FindingStates, OomRiskRatios, Diagnosis]:
+    def _step(self, frame: Frame) -> tuple[object, ...]:
         th = self.thresholds
         latest = self.history.latest
         if latest is not None and frame.taken_at < latest.taken_at:
@@ -243,6 +255,7 @@ class Diagnoser:
             worst[r.gpu] = max(r.ratio, worst.get(r.gpu, 0.0))
         ratios = OomRiskRatios(tuple(OomRiskRatio(r.gpu, r.uuid, r.target, r.ratio) for r in risks))
         self._add_trends(frame)
+        effs = efficiencies(frame, self.history, th.rate_window_s, self.gpu_hour_price)
         order = {s: i for i, s in enumerate(("critical", "warning", "info"))}
         findings.sort(
             key=lambda f: (order.get(f.severity, 9), f.id, f.subject.gpu.zfill(4), f.subject.target)
@@ -252,13 +265,14 @@ class Diagnoser:
             findings=tuple(findings),
             oom_risks=tuple(risks),
             gpus=tuple(self._gpu_card(g, worst.get(str(g.index))) for g in frame.gpus),
-            engines=tuple(self._engine_card(e, frame) for e in frame.engines),
+            engines=tuple(self._engine_card(e, frame, effs.get(e.target)) for e in frame.engines),
             rules=tuple((r.id, r.severity, r.title) for r in self.rules),
             history_seconds=self.history.span_s,
             simulated=frame.simulated,
         )
         self.latest = diagnosis
-        return FindingStates(tuple(states)), ratios, diagnosis
+        costs = EngineEfficiencies(tuple(reading(t, x) for t, x in effs.items()))
+        return FindingStates(tuple(states)), ratios, diagnosis, costs
 
     def reset(self) -> None:
         self.history.clear()
@@ -332,8 +346,9 @@ class Diagnoser:
             ),
         )
 
-    def _engine_card(self, e: EngineFrame, frame: Frame) -> Card:
+    def _engine_card(self, e: EngineFrame, frame: Frame, eff: Efficiency | None) -> Card:
         now, span = frame.taken_at, self.history.span_s
+        eff = eff or Efficiency()
         numbers = [
             Evidence("running", e.running, "count"),
             Evidence("waiting", e.waiting, "count"),
@@ -347,6 +362,8 @@ class Diagnoser:
             Evidence("spec-decode acceptance", e.spec_acceptance_ratio, "ratio"),
             Evidence("API-server CPU", e.api_server_cpu_ratio, "ratio"),
             Evidence("gpu_memory_utilization", e.gpu_memory_utilization, ""),
+            Evidence("energy per generated token", eff.energy_per_token_joules, "joules"),
+            Evidence("cost per million tokens", eff.cost_per_million_tokens, ""),
         ]
         return Card(
             kind="engine",
