@@ -537,6 +537,19 @@ capacity = Row(
             ],
             right_axis={"TTFT": "s", "tokens/s": "short"},
         ),
+        timeseries(
+            "Evidence: engine restarts (capacity/slow_recovery)",
+            f"Whether each engine answers, and how long it was down the last time it crashed or "
+            f"restarted (rule: {TH.recovery_target_s:g} s or more, for "
+            f"{TH.recovery_window_s / 60:g} minutes after it came back).",
+            [
+                q(f"llmgpu_engine_up{{{ENG}}}", "{{target}} up"),
+                # only a scenario whose engine comes back has a last downtime (engine-restart)
+                q(f"llmgpu_engine_last_downtime_seconds{{{ENG}}}", "{{target}} last downtime", scenarios=()),
+            ],
+            right_axis={"downtime": "s"},
+            w=24,
+        ),
     ],
 )
 

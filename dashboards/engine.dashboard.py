@@ -408,6 +408,17 @@ scrape = Row(
             w=8,
         ),
         timeseries(
+            "Last downtime",
+            "How long each engine was down the last time it crashed or restarted, from its first "
+            "failed scrape to its first good one after it. A restart should take under 10 s "
+            "(capacity/slow_recovery).",
+            # only a scenario whose engine comes back has one (engine-restart, not in the lab)
+            [q(f"llmgpu_engine_last_downtime_seconds{{{T}}}", "{{target}}", scenarios=())],
+            unit="s",
+            threshold=10,
+            w=24,
+        ),
+        timeseries(
             "Scrape duration and size",
             "Wall time of the last scrape of each engine, and samples on its page (right axis).",
             [

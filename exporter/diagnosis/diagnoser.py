@@ -24,6 +24,8 @@ from exporter.diagnosis.model import (
     Card,
     Diagnosis,
     EngineEfficiencies,
+    EngineRecoveries,
+    EngineRecovery,
     Evidence,
     Finding,
     FindingState,
@@ -37,6 +39,7 @@ from exporter.diagnosis.model import (
     Unit,
 )
 from exporter.diagnosis.oom import oom_risks
+from exporter.diagnosis.recovery import Uptime, annotate
 from exporter.diagnosis.rules import RULES
 from exporter.diagnosis.thresholds import DEFAULT, Thresholds
 from exporter.snapshot import Snapshot
@@ -201,6 +204,7 @@ class Diagnoser:
         self._states: dict[tuple[str, str, str], _State] = {}
         self._lock = threading.Lock()
         self._risks: dict[tuple[str, str], deque[OomRisk]] = {}
+        self._uptimes: dict[str, Uptime] = {}
         self._trends = _Trends(max(1.0, history_seconds / thresholds.trend_points), thresholds.trend_points)
         self.latest: Diagnosis | None = None
 
@@ -224,6 +228,7 @@ class Diagnoser:
         latest = self.history.latest
         if latest is not None and frame.taken_at < latest.taken_at:
             self.reset()
+        frame = annotate(frame, self._uptimes)
         self.history.add(frame)
         now = frame.taken_at
         names = _subject_names(frame)
@@ -272,12 +277,20 @@ class Diagnoser:
         )
         self.latest = diagnosis
         costs = EngineEfficiencies(tuple(reading(t, x) for t, x in effs.items()))
-        return FindingStates(tuple(states)), ratios, diagnosis, costs
+        downtimes = EngineRecoveries(
+            tuple(
+                EngineRecovery(e.target, e.last_downtime_seconds)
+                for e in frame.engines
+                if e.last_downtime_seconds is not None
+            )
+        )
+        return FindingStates(tuple(states)), ratios, diagnosis, costs, downtimes
 
     def reset(self) -> None:
         self.history.clear()
         self._states.clear()
         self._risks.clear()
+        self._uptimes.clear()
         self._trends.series.clear()
 
     def _smoothed(self, risks: list[OomRisk], now: float) -> list[OomRisk]:
@@ -364,6 +377,7 @@ class Diagnoser:
             Evidence("gpu_memory_utilization", e.gpu_memory_utilization, ""),
             Evidence("energy per generated token", eff.energy_per_token_joules, "joules"),
             Evidence("cost per million tokens", eff.cost_per_million_tokens, ""),
+            Evidence("last downtime", e.last_downtime_seconds, "seconds"),
         ]
         return Card(
             kind="engine",

@@ -160,6 +160,10 @@ class EngineFrame:
     max_num_seqs: int | None = None  # declared with the target; None: unknown
     max_num_batched_tokens: int | None = None
     kv_cache_max_concurrency: float | None = None  # full-length requests the KV cache holds
+    # written by the Diagnoser from its up/down record (diagnosis/recovery.py)
+    down_since: float | None = None  # down since this sample, after it was up
+    last_downtime_seconds: float | None = None  # the last down episode that ended
+    recovered_at: float | None = None  # when it ended
 
 
 @dataclass(frozen=True)

@@ -329,3 +329,21 @@ class EngineEfficiencies:
     """Energy and cost per token of every engine: a node reading the Diagnoser adds."""
 
     items: tuple[EngineEfficiency, ...] = nested(EngineEfficiency)
+
+
+@dataclass(frozen=True)
+class EngineRecovery:
+    target: str = label()
+    last_downtime_seconds: float | None = gauge(
+        "llmgpu_engine_last_downtime_seconds",
+        "How long the engine was down the last time it crashed or restarted, from its first "
+        "failed scrape to its first good one after it; absent until it came back from one "
+        "(llmgpu_engine_up history)",
+    )
+
+
+@dataclass(frozen=True)
+class EngineRecoveries:
+    """The last downtime of every engine that came back from one: a node reading."""
+
+    items: tuple[EngineRecovery, ...] = nested(EngineRecovery)

@@ -32,6 +32,12 @@ class Thresholds:
     knee_latency_jump_factor: float = 2.0
     # The knee is read from minutes of history already; one more minute confirms it.
     knee_hold_s: float = 60.0
+    # An engine that crashed or was restarted should answer again within 10 s (weights
+    # from a local cache, compile and CUDA-graph caches kept); longer takes its share of
+    # the node's capacity away for that long. The finding stays ten minutes after the
+    # engine came back, like an XID, long enough for an alert and a person to see it.
+    recovery_target_s: float = 10.0
+    recovery_window_s: float = 600.0
 
     # ---- hardware ---------------------------------------------------------------------
     # NVML "utilization" counts a sample as busy when any kernel ran on any SM; with SM

@@ -13,7 +13,8 @@ them with the same scraper and parser it uses on a real vLLM.
   median is the timeline's value (ttft_s, itl_s, e2e_s, queue_s) and, for the
   inter-token latency, whose p99/p50 is itl_jitter.
 - An active `engine_down` fault answers 503, or drops the connection without an
-  answer when the fault's `error` is "refuse".
+  answer when the fault's `error` is "refuse". One that ends is a restart: from its end
+  the counters and histograms start again from zero, as a new process' do.
 - process_cpu_seconds_total integrates api_cpu: the API server's CPU, which the
   exporter cannot read with psutil here because the simulated pids are not real.
 """
@@ -173,6 +174,7 @@ class SimEngine:
             fns[h.name] = _rates(h)
         self._counter_names = tuple(counters)
         self._integrals = _Integrals(fns)
+        self._baselines: dict[float, dict[str, list[float]]] = {}  # restart time -> integrals then
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
@@ -263,10 +265,31 @@ class SimEngine:
                 return "refuse" if fault.error == "refuse" else "503"
         return None
 
+    def restarted_at(self, t: float) -> float | None:
+        """The end of the last engine_down fault of this engine before t: its restart."""
+        ends = [
+            f.until
+            for f in self.timeline.scenario.faults
+            if f.kind == "engine_down" and f.engine in (None, self.name) and f.until <= t
+        ]
+        return max(ends) if ends else None
+
+    def _since_restart(self, t: float) -> dict[str, list[float]]:
+        """The integrals at t, counted from the engine's last restart."""
+        start = self.restarted_at(t)
+        with self._lock:
+            if start is not None and start not in self._baselines:
+                # nothing renders while the engine is down, so the integrals are not past it yet
+                self._baselines[start] = self._integrals.at(max(start, self._integrals.t))
+            now = self._integrals.at(max(t, 0.0))
+        if start is None:
+            return now
+        base = self._baselines[start]
+        return {k: [max(0.0, a - b) for a, b in zip(v, base[k], strict=True)] for k, v in now.items()}
+
     def render(self, t: float | None = None) -> str:
         t = self.timeline.now() if t is None else t
-        with self._lock:
-            integrals = self._integrals.at(max(t, 0.0))
+        integrals = self._since_restart(t)
         acc = dict(zip(self._counter_names, integrals["counters"], strict=True))
         name, spec = self.name, self.spec
         model = _esc(spec.model)
