@@ -42,7 +42,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-level", help="debug, info, warning or error")
     p.add_argument(
-        "--gpu-hour-price", type=float, help="price of one GPU-hour, for cost per million tokens (any currency)"
+        "--gpu-hour-price",
+        type=float,
+        help="price of one GPU-hour, for cost per million tokens (any currency)",
     )
 
 

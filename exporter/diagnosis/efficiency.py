@@ -15,6 +15,7 @@ price cannot be split between tenants honestly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 from exporter.diagnosis.frame import EngineFrame, Frame
 from exporter.diagnosis.history import History, increase
@@ -50,7 +51,7 @@ def interpolate(series: Series, t: float) -> float | None:
     """The series' value at t, linear between its points; None outside them."""
     if not series or t < series[0][0] or t > series[-1][0]:
         return None
-    for (t0, v0), (t1, v1) in zip(series, series[1:], strict=False):
+    for (t0, v0), (t1, v1) in pairwise(series):
         if t0 <= t <= t1:
             return v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
     return series[-1][1]
@@ -71,9 +72,9 @@ def efficiency(
         joules = [g.energy_joules_total for g in gpus if g is not None and g.up]
         if len(joules) == len(e.gpus) and all(j is not None for j in joules):
             energy.append((f.taken_at, sum(j for j in joules if j is not None)))
-        if x is not None and x.up and x.scraped_at is not None and x.generation_tokens_total is not None:
-            if not tokens or x.scraped_at > tokens[-1][0]:
-                tokens.append((x.scraped_at, x.generation_tokens_total))
+        point = _token_point(x)
+        if point is not None and (not tokens or point[0] > tokens[-1][0]):  # one point per scrape
+            tokens.append(point)
     if len(energy) < 2:
         return Efficiency()
     inside = [p for p in tokens if energy[0][0] <= p[0] <= energy[-1][0]]
@@ -84,12 +85,19 @@ def efficiency(
     e0, e1 = interpolate(energy, t0), interpolate(energy, t1)
     if generated <= 0 or t1 <= t0 or e0 is None or e1 is None:
         return Efficiency(tokens=generated, span_s=t1 - t0)
-    joules = e1 - e0 if e1 >= e0 else None  # an energy counter that went back: a driver reload
-    per_token = joules / generated if joules is not None else None
+    # an energy counter that went back (a driver reload) says nothing about the span
+    per_token = (e1 - e0) / generated if e1 >= e0 else None
     cost = None
     if gpu_hour_price is not None:
         cost = gpu_hour_price * len(e.gpus) * (t1 - t0) / 3600.0 / generated * 1e6
     return Efficiency(per_token, cost, generated, t1 - t0)
+
+
+def _token_point(x: EngineFrame | None) -> tuple[float, float] | None:
+    """(scrape time, generation-token counter) of a frame's engine, where it was read."""
+    if x is None or not x.up or x.scraped_at is None or x.generation_tokens_total is None:
+        return None
+    return (x.scraped_at, x.generation_tokens_total)
 
 
 def efficiencies(

@@ -158,7 +158,9 @@ def slow_recovery(frame: Frame, history: History, th: Th) -> Iterator[Candidate]
         yield Candidate(
             engine_subject(e),
             (
-                Evidence("last downtime", down, "seconds", f">= {value_text(th.recovery_target_s, 'seconds')}"),
+                Evidence(
+                    "last downtime", down, "seconds", f">= {value_text(th.recovery_target_s, 'seconds')}"
+                ),
                 Evidence("back since", frame.taken_at - back, "seconds"),
             ),
             f"{e.name} was down for {value_text(down, 'seconds')} before it answered again",
