@@ -194,6 +194,30 @@ oom = Row(
             ],
         ),
         timeseries(
+            "Evidence: burst headroom (memory/burst_headroom)",
+            f"Free memory of each GPU against the room its engines' budget leaves (1 - their "
+            f"gpu_memory_utilization, per engine and GPU). Where that room is "
+            f"{pct(TH.headroom_planned_min_ratio)} or more, free memory under "
+            f"{pct(TH.headroom_kept_min_share)} of it for {TH.headroom_hold_s / 60:g} minutes "
+            "is the finding.",
+            [
+                q(
+                    divide(
+                        f"llmgpu_gpu_memory_free_bytes{{{GPU}}}", f"llmgpu_gpu_memory_total_bytes{{{GPU}}}"
+                    ),
+                    "GPU {{gpu}} free",
+                ),
+                q(
+                    f"1 - llmgpu_engine_gpu_memory_budget_bytes{{{ENG}}}\n/ {ON_GPU} group_left ()\n"
+                    f"llmgpu_gpu_memory_total_bytes{{{GPU}}}",
+                    "GPU {{gpu}} {{target}} room left by the budget",
+                ),
+            ],
+            unit="percentunit",
+            min_=0,
+            max_=1,
+        ),
+        timeseries(
             "Evidence: memory faults (memory/xid_memory_fault)",
             "XID 31 (MMU fault) and 43 (GPU stopped processing) in each interval, and OOMs the "
             "allocator probe saw.",

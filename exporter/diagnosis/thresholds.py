@@ -128,6 +128,16 @@ class Thresholds:
     oom_typical_request_bytes: int = 512 * 1024 * 1024
     oom_fragmentation_min_ratio: float = 0.5
 
+    # Burst headroom. Engines whose memory budgets leave 20 % of the GPU or more
+    # (gpu_memory_utilization 0.8 or less) keep that room on purpose, for bursts outside
+    # them: a second process, activations beyond vLLM's profile. With less than half of
+    # it free for three minutes the room is gone, not briefly borrowed by a burst. Below
+    # 20 % (vLLM's default 0.9 leaves 10 %) the rest is the CUDA context and NCCL
+    # buffers, not room for bursts, and vLLM's preallocation absorbs its own: no check.
+    headroom_planned_min_ratio: float = 0.2
+    headroom_kept_min_share: float = 0.5
+    headroom_hold_s: float = 180.0
+
     # The finding fires at 0.6: usage well beyond the budget, free memory heading for
     # zero within about 13 minutes, or weaker reasons adding up. It clears after two minutes
     # below, since memory freed by a restart needs a moment to show in NVML.
