@@ -165,6 +165,7 @@ class SimEngine:
         self.pids = tuple(sorted(timeline.scenario.engine_pids(spec.name).values()))
         self._lock = threading.Lock()
         self._spec_decode = _sets(timeline, spec.name, "spec_draft_tps")
+        self._estimates = any(_sets(timeline, spec.name, k) for k in ("flops_per_gpu", "read_bytes_per_gpu"))
         self._hists = self._histograms()
         counters = self._counters()
         fns: dict[str, Callable[[float], tuple[float, ...]]] = {
@@ -190,9 +191,11 @@ class SimEngine:
     @property
     def target_spec(self) -> str:
         """The `engines` setting entry for this engine, carrying its simulated pids."""
+        numa = self.spec.cpu_numa_nodes
         return (
             f"{self.kind}={self.url}#pids={','.join(str(p) for p in self.pids)}"
             f"&max_num_seqs={self.spec.max_num_seqs}"
+            + (f"&numa={','.join(str(n) for n in numa)}" if numa else "")
         )
 
     def stop(self) -> None:
@@ -221,6 +224,8 @@ class SimEngine:
             "draft": draft,
             "accepted": lambda t: draft(t) * min(accept(t), 1.0),
             "api_cpu": v("api_cpu"),
+            "flops": v("flops_per_gpu"),
+            "read_bytes": v("read_bytes_per_gpu"),
         }
 
     def _histograms(self) -> list[_Hist]:
@@ -387,6 +392,19 @@ class SimEngine:
                 (f'model_name="{model}",reason="max_num_queued_tokens"', 0.0),
             ],
         )
+        if self._estimates:
+            metric(
+                "estimated_flops_per_gpu_total",
+                "counter",
+                "Estimated number of floating point operations per GPU (for Model Flops Utilization).",
+                [(labels, acc["flops"])],
+            )
+            metric(
+                "estimated_read_bytes_per_gpu_total",
+                "counter",
+                "Estimated number of bytes read from memory per GPU (for Model Bandwidth Utilization).",
+                [(labels, acc["read_bytes"])],
+            )
         if self._spec_decode:
             metric(
                 "spec_decode_num_draft_tokens_total",

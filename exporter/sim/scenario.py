@@ -106,6 +106,17 @@ ENGINE_KEYS: dict[str, float] = {
     "api_cpu": 0.2,  # API-server process CPU, one core = 1
     "error_ratio": 0.0,  # fraction of requests that fail
     "rejection_rate": 0.0,  # admissions refused per second
+    # the engine's own FLOP and byte estimates (vLLM's estimated_*_per_gpu_total): per GPU
+    # per second; the page carries them only when a phase sets one
+    "flops_per_gpu": 0.0,
+    "read_bytes_per_gpu": 0.0,
+    # PyTorch caching allocator of each worker, written as allocator probe files
+    # (exporter/sim/probes.py) only when a phase sets alloc_reserved_bytes
+    "alloc_reserved_bytes": 0.0,
+    "alloc_free_bytes": 0.0,  # free inside the reserved segments
+    "alloc_largest_free_bytes": 0.0,  # the largest free block among them
+    "alloc_retry_rate": 0.0,  # allocations retried after flushing the cache, per second
+    "alloc_oom_rate": 0.0,  # allocator out-of-memory errors per second
 }
 
 FAULT_KINDS = ("error", "hang", "lost", "xid", "engine_down")
@@ -137,6 +148,7 @@ class EngineSpec:
     num_gpu_blocks: int = 20000
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 256
+    cpu_numa_nodes: tuple[int, ...] | None = None  # NUMA nodes of its CPUs (its cpuset)
 
 
 @dataclass(frozen=True)
@@ -416,6 +428,11 @@ def _engine(raw: Any, i: int, fail: Callable[[str, str], ScenarioError], count: 
     gpus = tuple(raw.get("gpus", range(count)))
     if not all(isinstance(g, int) and 0 <= g < count for g in gpus):
         raise fail(f"engines.{raw['name']}.gpus", f"GPU indexes below {count}")
+    numa = raw.get("cpu_numa_nodes")
+    if numa is not None and (
+        not isinstance(numa, list) or not numa or not all(isinstance(n, int) and n >= 0 for n in numa)
+    ):
+        raise fail(f"engines.{raw['name']}.cpu_numa_nodes", "a list of NUMA node numbers")
     try:
         return EngineSpec(
             name=str(raw["name"]),
@@ -426,6 +443,7 @@ def _engine(raw: Any, i: int, fail: Callable[[str, str], ScenarioError], count: 
             num_gpu_blocks=int(raw.get("num_gpu_blocks", 20000)),
             gpu_memory_utilization=float(raw.get("gpu_memory_utilization", 0.9)),
             max_num_seqs=int(raw.get("max_num_seqs", 256)),
+            cpu_numa_nodes=tuple(numa) if numa is not None else None,
         )
     except (TypeError, ValueError) as err:
         raise fail(f"engines.{raw['name']}", f"engine settings of the right types ({err})") from err
