@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from exporter.nvml import FI_MEMORY_TEMP
 from exporter.sim.drivers import DRIVERS, Profile, profile
 
 
@@ -120,6 +121,44 @@ ENGINE_KEYS: dict[str, float] = {
 }
 
 FAULT_KINDS = ("error", "hang", "lost", "xid", "engine_down")
+
+# GPU keys only some parts and drivers can report: a scenario that sets one where the
+# node cannot provide it is refused, instead of the value silently going nowhere.
+PROFILING_KEYS = (
+    "sm_active",
+    "sm_occupancy",
+    "tensor_active",
+    "dram_active",
+    "fp16_active",
+    "fp32_active",
+    "fp64_active",
+)
+NVLINK_KEYS = ("nvlink_tx_bps", "nvlink_rx_bps", "nvlink_error_rate")
+ECC_KEYS = ("ecc_corrected_rate", "ecc_uncorrected_rate")
+PROFILING_SOURCE_KEY = "dcgm_exporter"  # a top-level key: DCGM's profiling fields stand in for GPM
+
+
+def unprovided_keys(model: GpuModel, prof: Profile, profiling_source: bool = False) -> dict[str, str]:
+    """GPU keys this model on this driver cannot report, each with the reason."""
+    out: dict[str, str] = {}
+    if not profiling_source:
+        if not model.gpm:
+            why = "it has no GPM (profiling metrics: Hopper and later)"
+        elif "nvmlGpmSampleGet" in prof.driver.missing:
+            why = f"driver {prof.driver.branch} has no GPM (R525 and later)"
+        else:
+            why = ""
+        if why:
+            out.update(
+                dict.fromkeys(PROFILING_KEYS, f"{why}, and no profiling source ({PROFILING_SOURCE_KEY})")
+            )
+    if model.nvlinks == 0 or "nvmlDeviceGetNvLinkState" in prof.part.not_supported:
+        out.update(dict.fromkeys(NVLINK_KEYS, "it has no NVLink"))
+    if "nvmlDeviceGetTotalEccErrors" in prof.part.not_supported:
+        out.update(dict.fromkeys(ECC_KEYS, "it has no ECC memory"))
+    if FI_MEMORY_TEMP in prof.part.fields_not_supported:
+        out["mem_temp_c"] = "it has no memory temperature sensor"
+    return out
 
 
 @dataclass(frozen=True)
@@ -333,6 +372,8 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
         for n in p.engines:
             if n not in names:
                 raise fail(f"phases.{p.name}.engines.{n}", f"the name of a declared engine ({names})")
+    prof = profile(model_name, driver, mig_monitor)
+    _check_provided(phases, MODELS[model_name], model_name, prof, PROFILING_SOURCE_KEY in data, where)
     faults = tuple(_fault(f, i, fail, count) for i, f in enumerate(_list(data, "faults", fail)))
     expect = data.get("expect", {}) or {}
     findings = expect.get("findings", []) if isinstance(expect, dict) else None
@@ -356,8 +397,24 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
         engines=engines,
         mig=mig,
         expect_findings=tuple(findings),
-        profile=profile(model_name, driver, mig_monitor),
+        profile=prof,
     )
+
+
+def _check_provided(
+    phases: tuple[Phase, ...], model: GpuModel, label: str, prof: Profile, profiling: bool, where: str
+) -> None:
+    """Refuse a phase value the simulated GPUs could not report (it would vanish unseen)."""
+    missing = unprovided_keys(model, prof, profiling)
+    for p in phases:
+        scopes = [("gpu", p.gpu), *((f"gpus.{i}", v) for i, v in p.gpus.items())]
+        for scope, values in scopes:
+            for key in values:
+                if key in missing:
+                    raise ScenarioError(
+                        f"{where}: 'phases.{p.name}.{scope}.{key}': the simulated {model.name} ({label}) "
+                        f"cannot report {key}: {missing[key]}; remove it or pick a model that has it"
+                    )
 
 
 def _list(data: dict[str, Any], key: str, fail: Callable[[str, str], ScenarioError]) -> list[Any]:
