@@ -168,7 +168,8 @@ oom = Row(
         timeseries(
             "Evidence: KV cache and preemptions (memory/kv_cache_saturated)",
             f"KV-cache usage (rule: {pct(TH.kv_usage_min_ratio)}) and preemptions per minute (rule: "
-            f"{TH.kv_preemptions_min_per_second * 60:g} per minute).",
+            f"{TH.kv_preemptions_min_per_second * 60:g} per minute). KV usage of "
+            f"{pct(TH.kv_leak_min_ratio)} or more while nothing runs or waits is memory/kv_cache_leak.",
             [
                 q(f"llmgpu_engine_kv_cache_usage_ratio{{{ENG}}}", "{{target}} KV usage"),
                 q(f"60 * {rate('llmgpu_engine_preemptions_total', ENG)}", "{{target}} preemptions/min"),
@@ -191,6 +192,30 @@ oom = Row(
                     scenarios=PROBE_ONLY,
                 ),
             ],
+        ),
+        timeseries(
+            "Evidence: burst headroom (memory/burst_headroom)",
+            f"Free memory of each GPU against the room its engines' budget leaves (1 - their "
+            f"gpu_memory_utilization, per engine and GPU). Where that room is "
+            f"{pct(TH.headroom_planned_min_ratio)} or more, free memory under "
+            f"{pct(TH.headroom_kept_min_share)} of it for {TH.headroom_hold_s / 60:g} minutes "
+            "is the finding.",
+            [
+                q(
+                    divide(
+                        f"llmgpu_gpu_memory_free_bytes{{{GPU}}}", f"llmgpu_gpu_memory_total_bytes{{{GPU}}}"
+                    ),
+                    "GPU {{gpu}} free",
+                ),
+                q(
+                    f"1 - llmgpu_engine_gpu_memory_budget_bytes{{{ENG}}}\n/ {ON_GPU} group_left ()\n"
+                    f"llmgpu_gpu_memory_total_bytes{{{GPU}}}",
+                    "GPU {{gpu}} {{target}} room left by the budget",
+                ),
+            ],
+            unit="percentunit",
+            min_=0,
+            max_=1,
         ),
         timeseries(
             "Evidence: memory faults (memory/xid_memory_fault)",
@@ -534,6 +559,19 @@ capacity = Row(
                 ),
             ],
             right_axis={"TTFT": "s", "tokens/s": "short"},
+        ),
+        timeseries(
+            "Evidence: engine restarts (capacity/slow_recovery)",
+            f"Whether each engine answers, and how long it was down the last time it crashed or "
+            f"restarted (rule: {TH.recovery_target_s:g} s or more, for "
+            f"{TH.recovery_window_s / 60:g} minutes after it came back).",
+            [
+                q(f"llmgpu_engine_up{{{ENG}}}", "{{target}} up"),
+                # only a scenario whose engine comes back has a last downtime (engine-restart)
+                q(f"llmgpu_engine_last_downtime_seconds{{{ENG}}}", "{{target}} last downtime", scenarios=()),
+            ],
+            right_axis={"downtime": "s"},
+            w=24,
         ),
     ],
 )

@@ -362,6 +362,24 @@ gpus = Row(
             ],
         ),
         timeseries(
+            "Energy per generated token",
+            "Joules the engine's GPUs used per generated token over the last minute, as the "
+            "diagnosis computes it from the GPUs' energy counters and the engine's token counter. "
+            "Absent where the GPUs are shared with another engine or split with MIG.",
+            [q(f"llmgpu_engine_energy_per_token_joules{{{T}}}", "{{target}}")],
+            unit="joule",
+            min_=0,
+        ),
+        timeseries(
+            "Cost per million tokens",
+            "What a million generated tokens cost at the configured price per GPU-hour "
+            "(gpu_hour_price, in its currency): the engine's GPUs times the time it took them. "
+            "Absent until a price is configured.",
+            # no scenario of the lab configures a price, so none is expected to draw it
+            [q(f"llmgpu_engine_cost_per_million_tokens{{{T}}}", "{{target}}", scenarios=())],
+            min_=0,
+        ),
+        timeseries(
             "Engine process CPU",
             "CPU use of the engine's processes by role, one full core = 1. A Python API server "
             "near 1 is bound by the GIL.",
@@ -388,6 +406,17 @@ scrape = Row(
             min_=0,
             max_=1,
             w=8,
+        ),
+        timeseries(
+            "Last downtime",
+            "How long each engine was down the last time it crashed or restarted, from its first "
+            "failed scrape to its first good one after it. A restart should take under 10 s "
+            "(capacity/slow_recovery).",
+            # only a scenario whose engine comes back has one (engine-restart, not in the lab)
+            [q(f"llmgpu_engine_last_downtime_seconds{{{T}}}", "{{target}}", scenarios=())],
+            unit="s",
+            threshold=10,
+            w=24,
         ),
         timeseries(
             "Scrape duration and size",

@@ -20,6 +20,7 @@ from exporter.runner import Attribution, Enricher, Runner
 from exporter.sim import fakenvml
 from exporter.sim.dcgm import start_sim_dcgm_exporter
 from exporter.sim.engines import start_sim_engines
+from exporter.sim.probes import SimProbes, probed_engines
 from exporter.sim.scenario import Scenario, Timeline, load_builtin, load_file
 from exporter.snapshot import Snapshot
 
@@ -42,6 +43,13 @@ class Exporter:
     nvml: Nvml
     timeline: Timeline | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)
+    probes: SimProbes | None = None  # the simulated allocator probes, when the scenario has some
+
+    def step(self) -> Snapshot:
+        """One stepped cycle: the simulated probe files for this instant, then every collector."""
+        if self.probes is not None:
+            self.probes.write()
+        return self.runner.step().snapshot
 
     def close(self) -> None:
         # Every thread that may call NVML (collector loops, the XID wait) ends before
@@ -70,7 +78,10 @@ def load_scenario(settings: Settings) -> Scenario | None:
 
 def enrichers(settings: Settings) -> list[Enricher]:
     """Whole-snapshot steps, in order: the engine-GPU join, then the diagnosis."""
-    return [engine_gpus, Diagnoser(history_seconds=settings.history_seconds)]
+    return [
+        engine_gpus,
+        Diagnoser(history_seconds=settings.history_seconds, gpu_hour_price=settings.gpu_hour_price),
+    ]
 
 
 def pod_attribution(socket: str, closers: list[Callable[[], None]]) -> Attribution:
@@ -121,7 +132,16 @@ def build(settings: Settings, *, scenario_clock: Callable[[], float] | None = No
         clock = lambda: epoch + timeline.now()  # noqa: E731 - scenario time on the epoch
     closers: list[Callable[[], None]] = []
     nvml = None
+    probes = None
     try:
+        if timeline is not None and probed_engines(timeline.scenario):
+            # The scenario's workers write allocator probe files into a directory of their
+            # own, which becomes the probe directory: a host's real probes never mix in.
+            probes = SimProbes(timeline)
+            closers.append(probes.stop)
+            settings = replace(settings, probe_dir=probes.directory)
+            if scenario_clock is None:
+                probes.start()
         nvml = Nvml()
         if timeline is not None and timeline.scenario.engines:
             # The scenario's engines serve vLLM-format /metrics on loopback; they are scraped
@@ -148,7 +168,7 @@ def build(settings: Settings, *, scenario_clock: Callable[[], float] | None = No
     except BaseException:
         _release(closers, nvml, timeline)
         raise
-    return Exporter(runner=runner, nvml=nvml, timeline=timeline, closers=closers)
+    return Exporter(runner=runner, nvml=nvml, timeline=timeline, closers=closers, probes=probes)
 
 
 def simulate(settings: Settings, step_s: float = 5.0) -> Iterator[Snapshot]:
@@ -163,7 +183,7 @@ def simulate(settings: Settings, step_s: float = 5.0) -> Iterator[Snapshot]:
     try:
         end = exporter.timeline.scenario.duration
         while clock.t <= end:
-            yield exporter.runner.step().snapshot
+            yield exporter.step()
             clock.t += step_s
     finally:
         exporter.close()

@@ -121,6 +121,10 @@ class Settings(BaseSettings):
     )
     # three of dcgm-exporter's default 30 s sampling windows
     dcgm_exporter_max_age: float = setting(90.0, "seconds a dcgm-exporter value is used", ge=0)
+    # ---- cost --------------------------------------------------------------------------
+    gpu_hour_price: float | None = setting(
+        None, "price of one GPU-hour in any currency, for cost per million tokens (unset: no cost)", ge=0
+    )
 
     @field_validator("log_level", mode="before")
     @classmethod

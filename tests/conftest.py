@@ -23,7 +23,7 @@ class Sim:
     def at(self, t: float):  # type: ignore[no-untyped-def]
         """Move scenario time to t and take one full sample; returns the snapshot."""
         self.clock.t = t
-        return self.runner.step().snapshot
+        return self.exporter.step()
 
     def text(self) -> str:
         assert self.runner.published is not None

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from exporter.diagnosis import coverage
+from exporter.diagnosis.efficiency import Efficiency, efficiencies, reading
 from exporter.diagnosis.fmt import duration
 from exporter.diagnosis.frame import EngineFrame, Frame, GpuFrame, frame_of
 from exporter.diagnosis.history import History
@@ -24,6 +25,9 @@ from exporter.diagnosis.model import (
     Candidate,
     Card,
     Diagnosis,
+    EngineEfficiencies,
+    EngineRecoveries,
+    EngineRecovery,
     Evidence,
     Finding,
     FindingState,
@@ -37,6 +41,7 @@ from exporter.diagnosis.model import (
     Unit,
 )
 from exporter.diagnosis.oom import oom_risks
+from exporter.diagnosis.recovery import Uptime, annotate
 from exporter.diagnosis.rules import RULES
 from exporter.diagnosis.thresholds import DEFAULT, Thresholds
 from exporter.snapshot import Snapshot
@@ -192,33 +197,46 @@ class Diagnoser:
         history_seconds: float = 900.0,
         thresholds: Thresholds = DEFAULT,
         rules: Iterable[Rule] = RULES,
+        gpu_hour_price: float | None = None,
     ) -> None:
         self.thresholds = thresholds
+        self.gpu_hour_price = gpu_hour_price  # currency-free; None: no cost figures
         self.rules = tuple(rules)
         self.history = History(history_seconds)
         self._states: dict[tuple[str, str, str], _State] = {}
         self._lock = threading.Lock()
         self._risks: dict[tuple[str, str], deque[OomRisk]] = {}
+        self._uptimes: dict[str, Uptime] = {}
         self._trends = _Trends(max(1.0, history_seconds / thresholds.trend_points), thresholds.trend_points)
         self.latest: Diagnosis | None = None
 
     def __call__(self, snapshot: Snapshot) -> tuple[object, ...]:
         frame = frame_of(snapshot)
-        states, ratios, diagnosis = self.step(frame)
+        states, ratios, diagnosis, *rest = self.readings(frame)
+        assert isinstance(diagnosis, Diagnosis)
         spots, blind = coverage.report(frame, snapshot)  # rules that cannot run, and why
         diagnosis = replace(diagnosis, extra={**diagnosis.extra, "blind_spots": [b.to_json() for b in spots]})
         self.latest = diagnosis
-        return states, ratios, diagnosis, blind
+        return (states, ratios, diagnosis, *rest, blind)
 
     def step(self, frame: Frame) -> tuple[FindingStates, OomRiskRatios, Diagnosis]:
+        states, ratios, diagnosis, *_ = self.readings(frame)
+        assert isinstance(states, FindingStates) and isinstance(ratios, OomRiskRatios)
+        assert isinstance(diagnosis, Diagnosis)
+        return states, ratios, diagnosis
+
+    def readings(self, frame: Frame) -> tuple[object, ...]:
+        """Everything the diagnosis adds to a snapshot: finding states, OOM-risk ratios, the
+        Diagnosis, and the engines' energy and cost per token."""
         with self._lock:
             return self._step(frame)
 
-    def _step(self, frame: Frame) -> tuple[FindingStates, OomRiskRatios, Diagnosis]:
+    def _step(self, frame: Frame) -> tuple[object, ...]:
         th = self.thresholds
         latest = self.history.latest
         if latest is not None and frame.taken_at < latest.taken_at:
             self.reset()
+        frame = annotate(frame, self._uptimes)
         self.history.add(frame)
         now = frame.taken_at
         names = _subject_names(frame)
@@ -250,6 +268,7 @@ class Diagnoser:
             worst[r.gpu] = max(r.ratio, worst.get(r.gpu, 0.0))
         ratios = OomRiskRatios(tuple(OomRiskRatio(r.gpu, r.uuid, r.target, r.ratio) for r in risks))
         self._add_trends(frame)
+        effs = efficiencies(frame, self.history, th.rate_window_s, self.gpu_hour_price)
         order = {s: i for i, s in enumerate(("critical", "warning", "info"))}
         findings.sort(
             key=lambda f: (order.get(f.severity, 9), f.id, f.subject.gpu.zfill(4), f.subject.target)
@@ -259,18 +278,27 @@ class Diagnoser:
             findings=tuple(findings),
             oom_risks=tuple(risks),
             gpus=tuple(self._gpu_card(g, worst.get(str(g.index))) for g in frame.gpus),
-            engines=tuple(self._engine_card(e, frame) for e in frame.engines),
+            engines=tuple(self._engine_card(e, frame, effs.get(e.target)) for e in frame.engines),
             rules=tuple((r.id, r.severity, r.title) for r in self.rules),
             history_seconds=self.history.span_s,
             simulated=frame.simulated,
         )
         self.latest = diagnosis
-        return FindingStates(tuple(states)), ratios, diagnosis
+        costs = EngineEfficiencies(tuple(reading(t, x) for t, x in effs.items()))
+        downtimes = EngineRecoveries(
+            tuple(
+                EngineRecovery(e.target, e.last_downtime_seconds)
+                for e in frame.engines
+                if e.last_downtime_seconds is not None
+            )
+        )
+        return FindingStates(tuple(states)), ratios, diagnosis, costs, downtimes
 
     def reset(self) -> None:
         self.history.clear()
         self._states.clear()
         self._risks.clear()
+        self._uptimes.clear()
         self._trends.series.clear()
 
     def _smoothed(self, risks: list[OomRisk], now: float) -> list[OomRisk]:
@@ -339,8 +367,9 @@ class Diagnoser:
             ),
         )
 
-    def _engine_card(self, e: EngineFrame, frame: Frame) -> Card:
+    def _engine_card(self, e: EngineFrame, frame: Frame, eff: Efficiency | None) -> Card:
         now, span = frame.taken_at, self.history.span_s
+        eff = eff or Efficiency()
         numbers = [
             Evidence("running", e.running, "count"),
             Evidence("waiting", e.waiting, "count"),
@@ -354,6 +383,9 @@ class Diagnoser:
             Evidence("spec-decode acceptance", e.spec_acceptance_ratio, "ratio"),
             Evidence("API-server CPU", e.api_server_cpu_ratio, "ratio"),
             Evidence("gpu_memory_utilization", e.gpu_memory_utilization, ""),
+            Evidence("energy per generated token", eff.energy_per_token_joules, "joules"),
+            Evidence("cost per million tokens", eff.cost_per_million_tokens, ""),
+            Evidence("last downtime", e.last_downtime_seconds, "seconds"),
         ]
         return Card(
             kind="engine",

@@ -28,6 +28,8 @@ def value_text(value: float | str | None, unit: str) -> str:
         return f"{value:.0f} °C"
     if unit == "watts":
         return f"{value:.0f} W"
+    if unit == "joules":  # energy per token is a fraction of a joule
+        return f"{value:.3g} J" if value >= 0.01 else f"{value * 1000:.3g} mJ"
     return _short(value)
 
 

@@ -84,6 +84,7 @@ class GpuFrame:
     throttle_reasons: tuple[str, ...] | None = None  # active clock-event reasons
     power_watts: float | None = None
     power_limit_watts: float | None = None
+    energy_joules_total: float | None = None  # NVML's energy counter (since driver load)
     temperature_celsius: float | None = None
     pcie_replays_total: float | None = None
     nvlink_links_up: int | None = None  # None: the GPU has no NVLink (or cannot say)
@@ -140,6 +141,8 @@ class EngineFrame:
     preemptions_total: float | None = None
     preemptions_per_second: float | None = None
     generation_tokens_per_second: float | None = None
+    generation_tokens_total: float | None = None
+    scraped_at: float | None = None  # when the engine's counters were read (its last good scrape)
     prompt_tokens_per_second: float | None = None
     request_rate_per_second: float | None = None
     rejected_total: float | None = None
@@ -157,6 +160,10 @@ class EngineFrame:
     max_num_seqs: int | None = None  # declared with the target; None: unknown
     max_num_batched_tokens: int | None = None
     kv_cache_max_concurrency: float | None = None  # full-length requests the KV cache holds
+    # written by the Diagnoser from its up/down record (diagnosis/recovery.py)
+    down_since: float | None = None  # down since this sample, after it was up
+    last_downtime_seconds: float | None = None  # the last down episode that ended
+    recovered_at: float | None = None  # when it ended
 
 
 @dataclass(frozen=True)
@@ -241,6 +248,7 @@ def _gpu(state: GpuState, allocators: tuple[AllocFrame, ...]) -> GpuFrame:
         throttle_reasons=reasons,
         power_watts=power.usage_watts if power else None,
         power_limit_watts=power.limit_watts if power else None,
+        energy_joules_total=_f(power.energy_joules if power else None),
         temperature_celsius=power.gpu_celsius if power else None,
         pcie_replays_total=_f(pcie.replays if pcie else None),
         nvlink_links_up=links_up,
@@ -315,6 +323,8 @@ def _engine(t: EngineTargetReading, gpus: tuple[int, ...], uuids: tuple[str, ...
         preemptions_total=_sum(s.preemptions for s in series),
         preemptions_per_second=_sum(s.preemptions_per_second for s in series),
         generation_tokens_per_second=_sum(s.generation_tokens_per_second for s in series),
+        generation_tokens_total=_sum(s.generation_tokens for s in series),
+        scraped_at=t.scraped_at,
         prompt_tokens_per_second=_sum(s.prompt_tokens_per_second for s in series),
         request_rate_per_second=_sum(s.request_rate_per_second for s in series),
         rejected_total=_sum(s.rejected_requests for s in series),

@@ -17,7 +17,17 @@ LAYERS = ("hardware", "kernel", "memory", "scheduling", "parallel", "decoding", 
 SEVERITIES = ("critical", "warning", "info")
 Scope = Literal["gpu", "engine", "gpu_engine"]
 Unit = Literal[
-    "ratio", "bytes", "seconds", "per_second", "bytes_per_second", "celsius", "watts", "count", "id", ""
+    "ratio",
+    "bytes",
+    "seconds",
+    "per_second",
+    "bytes_per_second",
+    "celsius",
+    "watts",
+    "joules",
+    "count",
+    "id",
+    "",
 ]
 
 
@@ -295,3 +305,45 @@ class OomRiskRatio:
 @dataclass(frozen=True)
 class OomRiskRatios:
     items: tuple[OomRiskRatio, ...] = nested(OomRiskRatio)
+
+
+@dataclass(frozen=True)
+class EngineEfficiency:
+    target: str = label()
+    energy_per_token_joules: float | None = gauge(
+        "llmgpu_engine_energy_per_token_joules",
+        "Energy the engine's GPUs used per generated token over the last minute, where the GPUs "
+        "are the engine's alone (llmgpu_gpu_energy_joules_total over "
+        "llmgpu_engine_generation_tokens_total)",
+    )
+    cost_per_million_tokens: float | None = gauge(
+        "llmgpu_engine_cost_per_million_tokens",
+        "What a million generated tokens cost over the last minute at the configured price per "
+        "GPU-hour, in its currency; absent without a price (gpu_hour_price x GPUs x hours over "
+        "llmgpu_engine_generation_tokens_total)",
+    )
+
+
+@dataclass(frozen=True)
+class EngineEfficiencies:
+    """Energy and cost per token of every engine: a node reading the Diagnoser adds."""
+
+    items: tuple[EngineEfficiency, ...] = nested(EngineEfficiency)
+
+
+@dataclass(frozen=True)
+class EngineRecovery:
+    target: str = label()
+    last_downtime_seconds: float | None = gauge(
+        "llmgpu_engine_last_downtime_seconds",
+        "How long the engine was down the last time it crashed or restarted, from its first "
+        "failed scrape to its first good one after it; absent until it came back from one "
+        "(llmgpu_engine_up history)",
+    )
+
+
+@dataclass(frozen=True)
+class EngineRecoveries:
+    """The last downtime of every engine that came back from one: a node reading."""
+
+    items: tuple[EngineRecovery, ...] = nested(EngineRecovery)

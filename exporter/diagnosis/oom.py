@@ -92,7 +92,7 @@ def gpu_engine_risk(
                 f"only {value_text(free, 'bytes')} free ({value_text(free / total, 'ratio')} of "
                 f"{value_text(total, 'bytes')}), margin {value_text(th.oom_free_margin_ratio, 'ratio')}"
             )
-        budgets = [b for b in (_budget(history, x) for x in sharers) if b is not None]
+        budgets = [b for b in (engine_budget(history, x) for x in sharers) if b is not None]
         over = False
         if budgets:
             budget = min(1.0, sum(budgets)) * total
@@ -179,7 +179,7 @@ def probe_of(a: AllocFrame, e: EngineFrame, engines: list[EngineFrame]) -> bool:
     return not claimed and len(on_gpu) == 1 and on_gpu[0] is e
 
 
-def _budget(history: History, e: EngineFrame) -> float | None:
+def engine_budget(history: History, e: EngineFrame) -> float | None:
     """The engine's gpu_memory_utilization; the last one it reported while it is down."""
     if e.gpu_memory_utilization is not None:
         return e.gpu_memory_utilization

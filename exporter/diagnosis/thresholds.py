@@ -32,6 +32,12 @@ class Thresholds:
     knee_latency_jump_factor: float = 2.0
     # The knee is read from minutes of history already; one more minute confirms it.
     knee_hold_s: float = 60.0
+    # An engine that crashed or was restarted should answer again within 10 s (weights
+    # from a local cache, compile and CUDA-graph caches kept); longer takes its share of
+    # the node's capacity away for that long. The finding stays ten minutes after the
+    # engine came back, like an XID, long enough for an alert and a person to see it.
+    recovery_target_s: float = 10.0
+    recovery_window_s: float = 600.0
 
     # ---- hardware ---------------------------------------------------------------------
     # NVML "utilization" counts a sample as busy when any kernel ran on any SM; with SM
@@ -121,6 +127,16 @@ class Thresholds:
     # for it. An allocator OOM already counted (`ooms_total` rising) scores 1.
     oom_typical_request_bytes: int = 512 * 1024 * 1024
     oom_fragmentation_min_ratio: float = 0.5
+
+    # Burst headroom. Engines whose memory budgets leave 20 % of the GPU or more
+    # (gpu_memory_utilization 0.8 or less) keep that room on purpose, for bursts outside
+    # them: a second process, activations beyond vLLM's profile. With less than half of
+    # it free for three minutes the room is gone, not briefly borrowed by a burst. Below
+    # 20 % (vLLM's default 0.9 leaves 10 %) the rest is the CUDA context and NCCL
+    # buffers, not room for bursts, and vLLM's preallocation absorbs its own: no check.
+    headroom_planned_min_ratio: float = 0.2
+    headroom_kept_min_share: float = 0.5
+    headroom_hold_s: float = 180.0
 
     # The finding fires at 0.6: usage well beyond the budget, free memory heading for
     # zero within about 13 minutes, or weaker reasons adding up. It clears after two minutes

@@ -13,7 +13,8 @@ them with the same scraper and parser it uses on a real vLLM.
   median is the timeline's value (ttft_s, itl_s, e2e_s, queue_s) and, for the
   inter-token latency, whose p99/p50 is itl_jitter.
 - An active `engine_down` fault answers 503, or drops the connection without an
-  answer when the fault's `error` is "refuse".
+  answer when the fault's `error` is "refuse". One that ends is a restart: from its end
+  the counters and histograms start again from zero, as a new process' do.
 - process_cpu_seconds_total integrates api_cpu: the API server's CPU, which the
   exporter cannot read with psutil here because the simulated pids are not real.
 """
@@ -164,6 +165,7 @@ class SimEngine:
         self.pids = tuple(sorted(timeline.scenario.engine_pids(spec.name).values()))
         self._lock = threading.Lock()
         self._spec_decode = _sets(timeline, spec.name, "spec_draft_tps")
+        self._estimates = any(_sets(timeline, spec.name, k) for k in ("flops_per_gpu", "read_bytes_per_gpu"))
         self._hists = self._histograms()
         counters = self._counters()
         fns: dict[str, Callable[[float], tuple[float, ...]]] = {
@@ -173,6 +175,7 @@ class SimEngine:
             fns[h.name] = _rates(h)
         self._counter_names = tuple(counters)
         self._integrals = _Integrals(fns)
+        self._baselines: dict[float, dict[str, list[float]]] = {}  # restart time -> integrals then
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
@@ -188,9 +191,11 @@ class SimEngine:
     @property
     def target_spec(self) -> str:
         """The `engines` setting entry for this engine, carrying its simulated pids."""
+        numa = self.spec.cpu_numa_nodes
         return (
             f"{self.kind}={self.url}#pids={','.join(str(p) for p in self.pids)}"
             f"&max_num_seqs={self.spec.max_num_seqs}"
+            + (f"&numa={','.join(str(n) for n in numa)}" if numa else "")
         )
 
     def stop(self) -> None:
@@ -219,6 +224,8 @@ class SimEngine:
             "draft": draft,
             "accepted": lambda t: draft(t) * min(accept(t), 1.0),
             "api_cpu": v("api_cpu"),
+            "flops": v("flops_per_gpu"),
+            "read_bytes": v("read_bytes_per_gpu"),
         }
 
     def _histograms(self) -> list[_Hist]:
@@ -263,10 +270,31 @@ class SimEngine:
                 return "refuse" if fault.error == "refuse" else "503"
         return None
 
+    def restarted_at(self, t: float) -> float | None:
+        """The end of the last engine_down fault of this engine before t: its restart."""
+        ends = [
+            f.until
+            for f in self.timeline.scenario.faults
+            if f.kind == "engine_down" and f.engine in (None, self.name) and f.until <= t
+        ]
+        return max(ends) if ends else None
+
+    def _since_restart(self, t: float) -> dict[str, list[float]]:
+        """The integrals at t, counted from the engine's last restart."""
+        start = self.restarted_at(t)
+        with self._lock:
+            if start is not None and start not in self._baselines:
+                # nothing renders while the engine is down, so the integrals are not past it yet
+                self._baselines[start] = self._integrals.at(max(start, self._integrals.t))
+            now = self._integrals.at(max(t, 0.0))
+        if start is None:
+            return now
+        base = self._baselines[start]
+        return {k: [max(0.0, a - b) for a, b in zip(v, base[k], strict=True)] for k, v in now.items()}
+
     def render(self, t: float | None = None) -> str:
         t = self.timeline.now() if t is None else t
-        with self._lock:
-            integrals = self._integrals.at(max(t, 0.0))
+        integrals = self._since_restart(t)
         acc = dict(zip(self._counter_names, integrals["counters"], strict=True))
         name, spec = self.name, self.spec
         model = _esc(spec.model)
@@ -364,6 +392,19 @@ class SimEngine:
                 (f'model_name="{model}",reason="max_num_queued_tokens"', 0.0),
             ],
         )
+        if self._estimates:
+            metric(
+                "estimated_flops_per_gpu_total",
+                "counter",
+                "Estimated number of floating point operations per GPU (for Model Flops Utilization).",
+                [(labels, acc["flops"])],
+            )
+            metric(
+                "estimated_read_bytes_per_gpu_total",
+                "counter",
+                "Estimated number of bytes read from memory per GPU (for Model Bandwidth Utilization).",
+                [(labels, acc["read_bytes"])],
+            )
         if self._spec_decode:
             metric(
                 "spec_decode_num_draft_tokens_total",

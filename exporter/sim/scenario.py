@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from exporter.nvml import FI_MEMORY_TEMP
 from exporter.sim.dcgm_spec import DcgmExporterSpec, parse_spec
 from exporter.sim.drivers import NO_QUIRKS, PARTS, Profile
 from exporter.sim.recorded_gpus import identities, inline_model, recorded_driver
@@ -119,9 +120,58 @@ ENGINE_KEYS: dict[str, float] = {
     "api_cpu": 0.2,  # API-server process CPU, one core = 1
     "error_ratio": 0.0,  # fraction of requests that fail
     "rejection_rate": 0.0,  # admissions refused per second
+    # the engine's own FLOP and byte estimates (vLLM's estimated_*_per_gpu_total): per GPU
+    # per second; the page carries them only when a phase sets one
+    "flops_per_gpu": 0.0,
+    "read_bytes_per_gpu": 0.0,
+    # PyTorch caching allocator of each worker, written as allocator probe files
+    # (exporter/sim/probes.py) only when a phase sets alloc_reserved_bytes
+    "alloc_reserved_bytes": 0.0,
+    "alloc_free_bytes": 0.0,  # free inside the reserved segments
+    "alloc_largest_free_bytes": 0.0,  # the largest free block among them
+    "alloc_retry_rate": 0.0,  # allocations retried after flushing the cache, per second
+    "alloc_oom_rate": 0.0,  # allocator out-of-memory errors per second
 }
 
 FAULT_KINDS = ("error", "hang", "lost", "xid", "engine_down")
+
+# GPU keys only some parts and drivers can report: a scenario that sets one where the
+# node cannot provide it is refused, instead of the value silently going nowhere.
+PROFILING_KEYS = (
+    "sm_active",
+    "sm_occupancy",
+    "tensor_active",
+    "dram_active",
+    "fp16_active",
+    "fp32_active",
+    "fp64_active",
+)
+NVLINK_KEYS = ("nvlink_tx_bps", "nvlink_rx_bps", "nvlink_error_rate")
+ECC_KEYS = ("ecc_corrected_rate", "ecc_uncorrected_rate")
+PROFILING_SOURCE_KEY = "dcgm_exporter"  # a top-level key: DCGM's profiling fields stand in for GPM
+
+
+def unprovided_keys(model: GpuModel, prof: Profile, profiling_source: bool = False) -> dict[str, str]:
+    """GPU keys this model on this driver cannot report, each with the reason."""
+    out: dict[str, str] = {}
+    if not profiling_source:
+        if not model.gpm:
+            why = "it has no GPM (profiling metrics: Hopper and later)"
+        elif "nvmlGpmSampleGet" in prof.driver.missing:
+            why = f"driver {prof.driver.branch} has no GPM (R525 and later)"
+        else:
+            why = ""
+        if why:
+            out.update(
+                dict.fromkeys(PROFILING_KEYS, f"{why}, and no profiling source ({PROFILING_SOURCE_KEY})")
+            )
+    if model.nvlinks == 0 or "nvmlDeviceGetNvLinkState" in prof.part.not_supported:
+        out.update(dict.fromkeys(NVLINK_KEYS, "it has no NVLink"))
+    if "nvmlDeviceGetTotalEccErrors" in prof.part.not_supported:
+        out.update(dict.fromkeys(ECC_KEYS, "it has no ECC memory"))
+    if FI_MEMORY_TEMP in prof.part.fields_not_supported:
+        out["mem_temp_c"] = "it has no memory temperature sensor"
+    return out
 
 
 @dataclass(frozen=True)
@@ -150,6 +200,7 @@ class EngineSpec:
     num_gpu_blocks: int = 20000
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 256
+    cpu_numa_nodes: tuple[int, ...] | None = None  # NUMA nodes of its CPUs (its cpuset)
 
 
 @dataclass(frozen=True)
@@ -343,6 +394,9 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
         for n in p.engines:
             if n not in names:
                 raise fail(f"phases.{p.name}.engines.{n}", f"the name of a declared engine ({names})")
+    prof = Profile(driver, part, mig_monitor)
+    label = model_name if isinstance(model_name, str) else gpu_model.name
+    _check_provided(phases, gpu_model, label, prof, PROFILING_SOURCE_KEY in data, where)
     faults = tuple(_fault(f, i, fail, count) for i, f in enumerate(_list(data, "faults", fail)))
     expect = data.get("expect", {}) or {}
     findings = expect.get("findings", []) if isinstance(expect, dict) else None
@@ -372,10 +426,26 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
         engines=engines,
         mig=mig,
         expect_findings=tuple(findings),
-        profile=Profile(driver, part, mig_monitor),
+        profile=prof,
         **identities(gpus, count, fail),
         dcgm_exporter=dcgm,
     )
+
+
+def _check_provided(
+    phases: tuple[Phase, ...], model: GpuModel, label: str, prof: Profile, profiling: bool, where: str
+) -> None:
+    """Refuse a phase value the simulated GPUs could not report (it would vanish unseen)."""
+    missing = unprovided_keys(model, prof, profiling)
+    for p in phases:
+        scopes = [("gpu", p.gpu), *((f"gpus.{i}", v) for i, v in p.gpus.items())]
+        for scope, values in scopes:
+            for key in values:
+                if key in missing:
+                    raise ScenarioError(
+                        f"{where}: 'phases.{p.name}.{scope}.{key}': the simulated {model.name} ({label}) "
+                        f"cannot report {key}: {missing[key]}; remove it or pick a model that has it"
+                    )
 
 
 def _list(data: dict[str, Any], key: str, fail: Callable[[str, str], ScenarioError]) -> list[Any]:
@@ -446,6 +516,11 @@ def _engine(raw: Any, i: int, fail: Callable[[str, str], ScenarioError], count: 
     gpus = tuple(raw.get("gpus", range(count)))
     if not all(isinstance(g, int) and 0 <= g < count for g in gpus):
         raise fail(f"engines.{raw['name']}.gpus", f"GPU indexes below {count}")
+    numa = raw.get("cpu_numa_nodes")
+    if numa is not None and (
+        not isinstance(numa, list) or not numa or not all(isinstance(n, int) and n >= 0 for n in numa)
+    ):
+        raise fail(f"engines.{raw['name']}.cpu_numa_nodes", "a list of NUMA node numbers")
     try:
         return EngineSpec(
             name=str(raw["name"]),
@@ -456,6 +531,7 @@ def _engine(raw: Any, i: int, fail: Callable[[str, str], ScenarioError], count: 
             num_gpu_blocks=int(raw.get("num_gpu_blocks", 20000)),
             gpu_memory_utilization=float(raw.get("gpu_memory_utilization", 0.9)),
             max_num_seqs=int(raw.get("max_num_seqs", 256)),
+            cpu_numa_nodes=tuple(numa) if numa is not None else None,
         )
     except (TypeError, ValueError) as err:
         raise fail(f"engines.{raw['name']}", f"engine settings of the right types ({err})") from err

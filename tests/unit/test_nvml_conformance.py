@@ -15,8 +15,8 @@ from exporter import gpu_readings as R
 from exporter.diagnosis.model import Diagnosis
 from exporter.metricdef import has_value, metric_defs
 from exporter.sim import fakenvml
-from exporter.sim.drivers import DRIVERS, PARTS
-from exporter.sim.scenario import MODELS, SIM_PID_BASE
+from exporter.sim.drivers import DRIVERS, PARTS, profile
+from exporter.sim.scenario import MODELS, SIM_PID_BASE, unprovided_keys
 
 FAMILIES = {
     cls.family: cls
@@ -50,14 +50,30 @@ def expected_families(model: str, driver: str) -> set[str]:
     return set(FAMILIES) - absent
 
 
+HEALTHY_GPU = {
+    "util": 0.7,
+    "mem_busy": 0.4,
+    "sm_active": 0.6,
+    "tensor_active": 0.4,
+    "dram_active": 0.5,
+    "memory_used_ratio": 0.6,
+    "power_ratio": 0.6,
+    "temp_c": 62,
+    "sm_clock_ratio": 0.95,
+    "pcie_tx_bps": "1.0e+9",
+    "nvlink_tx_bps": "1.0e+10",
+}
+
+
 def healthy(model: str, driver: str, extra: str = "") -> str:
+    # a scenario may set only what the profile can report (the loader refuses the rest)
+    skip = unprovided_keys(MODELS[model], profile(model, driver))
+    gpu = ", ".join(f"{k}: {v}" for k, v in HEALTHY_GPU.items() if k not in skip)
     return f"""
 gpus: {{count: 2, model: {model}, driver: {driver}{extra}}}
 engines: [{{name: a, gpus: [0, 1]}}, {{name: b, gpus: [0, 1]}}]
 phases:
-  - {{name: p, duration: 300, gpu: {{util: 0.7, mem_busy: 0.4, sm_active: 0.6, tensor_active: 0.4,
-      dram_active: 0.5, memory_used_ratio: 0.6, power_ratio: 0.6, temp_c: 62, sm_clock_ratio: 0.95,
-      pcie_tx_bps: 1.0e+9, nvlink_tx_bps: 1.0e+10}}}}
+  - {{name: p, duration: 300, gpu: {{{gpu}}}}}
 """
 
 

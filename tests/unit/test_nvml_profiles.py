@@ -7,17 +7,28 @@ import pytest
 
 from exporter.gpu_readings import Clocks, Memory, NvLink, Pcie, Processes, Profiling, Xid
 from exporter.sim import fakenvml
-from exporter.sim.scenario import SIM_PID_BASE
+from exporter.sim.drivers import profile
+from exporter.sim.scenario import MODELS, SIM_PID_BASE, unprovided_keys
 
 
 def scenario(model: str = "H100-80GB-SXM", driver: str | None = None, count: int = 2, extra: str = "") -> str:
     drv = f", driver: {driver}" if driver else ""
+    # only what the profile can report (the loader refuses the rest: R470 has no GPM)
+    skip = unprovided_keys(MODELS[model], profile(model, driver))
+    values = {
+        "util": 0.8,
+        "memory_used_ratio": 0.6,
+        "sm_active": 0.5,
+        "throttle_hw_thermal": 1,
+        "nvlink_tx_bps": "1.8e+10",
+        "pcie_tx_bps": "1.0e+9",
+    }
+    gpu = ", ".join(f"{k}: {v}" for k, v in values.items() if k not in skip)
     return f"""
 gpus: {{count: {count}, model: {model}{drv}}}
 engines: [{{name: a, gpus: [0, 1]}}, {{name: b, gpus: [0]}}, {{name: c, gpus: [0]}}]
 phases:
-  - {{name: p, duration: 100, gpu: {{util: 0.8, memory_used_ratio: 0.6, sm_active: 0.5,
-      throttle_hw_thermal: 1, nvlink_tx_bps: 1.8e+10, pcie_tx_bps: 1.0e+9}}}}
+  - {{name: p, duration: 100, gpu: {{{gpu}}}}}
 {extra}"""
 
 

@@ -1,10 +1,11 @@
-"""Capacity: saturated GPUs and the throughput knee."""
+"""Capacity: saturated GPUs, the throughput knee, and engines slow to come back from a restart."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from statistics import mean
 
+from exporter.diagnosis.fmt import value_text
 from exporter.diagnosis.frame import EngineFrame, Frame
 from exporter.diagnosis.history import History
 from exporter.diagnosis.model import Candidate, Evidence
@@ -127,4 +128,40 @@ def throughput_knee(frame: Frame, history: History, th: Th) -> Iterator[Candidat
             ),
             f"{e.name} is past its knee: {now_rate:.1f} req/s offered, throughput flat since "
             f"{knee_rate:.1f} req/s, p99 latency {now_lat / base_lat:.1f}x",
+        )
+
+
+@rule(
+    "capacity/slow_recovery",
+    severity="warning",
+    scope="engine",
+    hold=0.0,
+    clear=0.0,
+    title="Engine took long to come back",
+    condition=(
+        "the engine's last downtime (first failed scrape to the first good one after it) >= "
+        "recovery_target_s, in the recovery_window_s since it came back"
+    ),
+    advice=(
+        "Make restarts fast: weights on local disk or in the page cache rather than pulled from "
+        "remote storage, the compile and CUDA-graph caches on a persistent volume "
+        "(VLLM_CACHE_ROOT); keep a spare replica so a crash does not take capacity away."
+    ),
+)
+def slow_recovery(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
+    for e in frame.engines:
+        down, back = e.last_downtime_seconds, e.recovered_at
+        if not e.up or down is None or back is None:
+            continue
+        if frame.taken_at - back > th.recovery_window_s or down < th.recovery_target_s:
+            continue
+        yield Candidate(
+            engine_subject(e),
+            (
+                Evidence(
+                    "last downtime", down, "seconds", f">= {value_text(th.recovery_target_s, 'seconds')}"
+                ),
+                Evidence("back since", frame.taken_at - back, "seconds"),
+            ),
+            f"{e.name} was down for {value_text(down, 'seconds')} before it answered again",
         )

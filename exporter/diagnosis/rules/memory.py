@@ -1,4 +1,4 @@
-"""Memory: OOM risk, KV-cache saturation, memory faults, allocator fragmentation."""
+"""Memory: OOM risk, KV-cache saturation and leaks, memory faults, fragmentation, burst headroom."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from exporter.diagnosis.fmt import value_text
 from exporter.diagnosis.frame import Frame
 from exporter.diagnosis.history import History
 from exporter.diagnosis.model import Candidate, Evidence, Subject
-from exporter.diagnosis.oom import oom_risks
+from exporter.diagnosis.oom import engine_budget, engines_on, oom_risks
 from exporter.diagnosis.rules.base import (
     Th,
     _engine_rate,
@@ -172,3 +172,47 @@ def allocator_fragmentation(frame: Frame, history: History, th: Th) -> Iterator[
                 f"{value_text(a.largest_free_block_bytes, 'bytes')}",
             )
             break
+
+
+@rule(
+    "memory/burst_headroom",
+    severity="warning",
+    scope="gpu",
+    hold="headroom_hold_s",
+    title="The headroom the memory budget leaves is used up",
+    condition=(
+        "the engines' budgets leave 1 - gpu_memory_utilization >= headroom_planned_min_ratio of the GPU "
+        "free, and less than headroom_kept_min_share of that is free (1 - used / total)"
+    ),
+    advice=(
+        "Find what took the room (llmgpu_gpu_process_memory_used_bytes: a second process, or the "
+        "engine beyond its budget with CUDA graphs or large sampler buffers); move it, or lower "
+        "the engine's gpu_memory_utilization so the planned room is free again."
+    ),
+)
+def burst_headroom(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
+    for g in _live(frame):
+        total, used = g.memory_total_bytes, g.memory_used_bytes
+        engines = engines_on(frame, g)
+        if g.mig_enabled or not engines or not total or used is None:
+            continue  # MIG instances have budgets of their own; no engine, no budget
+        budgets = [engine_budget(history, e) for e in engines]
+        if any(b is None for b in budgets):
+            continue  # an engine that does not say its budget: no planned room to hold it to
+        budget = sum(b for b in budgets if b is not None)
+        planned = round(1.0 - budget, 6)
+        if planned < th.headroom_planned_min_ratio:
+            continue
+        free = 1.0 - used / total
+        if free >= th.headroom_kept_min_share * planned:
+            continue
+        yield Candidate(
+            gpu_subject(g),
+            (
+                Evidence("free memory", free, "ratio", f"< {_pct(th.headroom_kept_min_share * planned)}"),
+                Evidence("room the budget leaves (1 - gpu_memory_utilization)", planned, "ratio"),
+                Evidence("memory used", used, "bytes"),
+                Evidence("engines' budget", budget * total, "bytes"),
+            ),
+            f"GPU {g.index} keeps {_pct(free)} free of the {_pct(planned)} its engines' budget leaves",
+        )
