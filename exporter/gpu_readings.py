@@ -127,8 +127,7 @@ class Power:
     energy_joules: float | None = counter(
         "llmgpu_gpu_energy_joules_total",
         "Energy used since the driver loaded (nvmlDeviceGetTotalEnergyConsumption)",
-        profile="full",
-    )
+    )  # in the default profile: energy per token is rebuilt from it out of a TSDB too
     gpu_celsius: float | None = gauge(
         "llmgpu_gpu_temperature_celsius", "GPU die temperature (nvmlDeviceGetTemperature)"
     )

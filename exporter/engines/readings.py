@@ -279,6 +279,15 @@ class EngineTargetReading:
     )
     processes: tuple[ProcessCpu, ...] = nested(ProcessCpu)
     series: tuple[EngineSeries, ...] = nested(EngineSeries)
+    # the engine's own limits, where its target declares them (vLLM reports neither)
+    max_num_seqs: int | None = gauge(
+        "llmgpu_engine_max_num_seqs",
+        "Sequences the engine batches at most, as declared with its target (max_num_seqs)",
+    )
+    max_num_batched_tokens: int | None = gauge(
+        "llmgpu_engine_max_num_batched_tokens",
+        "Tokens the engine schedules per step at most, as declared with its target (max_num_batched_tokens)",
+    )
 
     # not exported
     url: str = ""
@@ -286,8 +295,6 @@ class EngineTargetReading:
     source: str = "static"  # static, process, kubernetes
     pids: frozenset[int] = field(default_factory=frozenset)  # the engine's process tree
     cpu_numa_nodes: tuple[int, ...] | None = None  # NUMA nodes its GPU-driving CPUs are on
-    max_num_seqs: int | None = None  # declared with the target: vLLM does not report it
-    max_num_batched_tokens: int | None = None
     last_error: str | None = None
     scraped_at: float | None = None  # Context.clock of the last good scrape
 

@@ -37,6 +37,7 @@ GPU = (
     Family("llmgpu_gpu_sm_clock_max_hertz"),
     Family("llmgpu_gpu_clock_event_active"),
     Family("llmgpu_gpu_power_watts"),
+    Family("llmgpu_gpu_energy_joules_total"),
     Family("llmgpu_gpu_power_limit_watts"),
     Family("llmgpu_gpu_temperature_celsius"),
     Family("llmgpu_gpu_pcie_replays_total"),
@@ -82,6 +83,10 @@ ENGINE = (
     Family("llmgpu_engine_process_cpu_ratio", 'role="api_server"'),
     Family("llmgpu_engine_estimated_flops_per_gpu_total"),
     Family("llmgpu_engine_estimated_read_bytes_per_gpu_total"),
+    Family("llmgpu_engine_requests_waiting_by_reason", 'reason="deferred"'),
+    Family("llmgpu_engine_max_num_seqs"),
+    Family("llmgpu_engine_generation_tokens_total"),
+    Family("llmgpu_engine_max_num_batched_tokens"),
 )
 FAMILIES: tuple[Family, ...] = (*NODE, *GPU, *ALLOCATOR, *ENGINE)
 TIMELINE = "llmgpu_exporter_build_info"

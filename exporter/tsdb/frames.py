@@ -71,7 +71,7 @@ def frames(node: NodeSeries, taken_at: Callable[[float], float] = float) -> list
 
 def frame_at(rows: Mapping[str, list[Row]], taken_at: float) -> Frame:
     gpus = _gpus(rows)
-    engines = _engines(rows)
+    engines = _engines(rows, taken_at)
     simulated = any(v == 1 for _, v in rows.get("llmgpu_exporter_simulated", ()))
     return Frame(taken_at, gpus, engines, simulated)
 
@@ -142,6 +142,7 @@ def _gpu(by: _ByGpu, i: int, up_labels: Labels, up: float) -> GpuFrame:
         temperature_celsius=by.value("llmgpu_gpu_temperature_celsius", i),
         pcie_replays_total=by.value("llmgpu_gpu_pcie_replays_total", i),
         nvlink_links_up=_links_up(by, i, info.get("name", "")),
+        energy_joules_total=by.value("llmgpu_gpu_energy_joules_total", i),
         nvlink_tx_bytes_per_second=by.value("llmgpu_gpu_nvlink_tx_bytes_per_second", i),
         nvlink_rx_bytes_per_second=by.value("llmgpu_gpu_nvlink_rx_bytes_per_second", i),
         nvlink_tx_bytes_total=_total(by.rows("llmgpu_gpu_nvlink_tx_bytes_total", i)),
@@ -239,10 +240,12 @@ SERIES_FAMILIES = (
     "llmgpu_engine_cache_config_info",
     "llmgpu_engine_estimated_flops_per_gpu_total",
     "llmgpu_engine_estimated_read_bytes_per_gpu_total",
+    "llmgpu_engine_requests_waiting_by_reason",
+    "llmgpu_engine_generation_tokens_total",
 )
 
 
-def _engines(rows: Mapping[str, list[Row]]) -> tuple[EngineFrame, ...]:
+def _engines(rows: Mapping[str, list[Row]], taken_at: float) -> tuple[EngineFrame, ...]:
     by: dict[str, dict[str, list[Row]]] = {}
     for name, items in rows.items():
         if name.startswith("llmgpu_engine_"):
@@ -253,11 +256,11 @@ def _engines(rows: Mapping[str, list[Row]]) -> tuple[EngineFrame, ...]:
     for target in sorted(by):
         fams = by[target]
         if "llmgpu_engine_up" in fams:
-            out.append(_engine(target, fams))
+            out.append(_engine(target, fams, taken_at))
     return tuple(out)
 
 
-def _engine(target: str, fams: Mapping[str, list[Row]]) -> EngineFrame:
+def _engine(target: str, fams: Mapping[str, list[Row]], taken_at: float) -> EngineFrame:
     def values(name: str, **match: str) -> list[float]:
         return [v for lb, v in fams.get(name, ()) if all(lb.get(k) == w for k, w in match.items())]
 
@@ -299,7 +302,21 @@ def _engine(target: str, fams: Mapping[str, list[Row]]) -> EngineFrame:
         api_server_cpu_ratio=_max(values("llmgpu_engine_process_cpu_ratio", role="api_server")),
         estimated_flops_per_gpu_total=_sum(values("llmgpu_engine_estimated_flops_per_gpu_total")),
         estimated_read_bytes_per_gpu_total=_sum(values("llmgpu_engine_estimated_read_bytes_per_gpu_total")),
+        waiting_deferred=_sum(values("llmgpu_engine_requests_waiting_by_reason", reason="deferred")),
+        generation_tokens_total=_sum(values("llmgpu_engine_generation_tokens_total")),
+        # the stored sample's time stands for the engine's own scrape (within one interval)
+        scraped_at=taken_at if any(v == 1 for v in values("llmgpu_engine_up")) else None,
+        max_num_seqs=_int(_max(values("llmgpu_engine_max_num_seqs"))),
+        max_num_batched_tokens=_int(_max(values("llmgpu_engine_max_num_batched_tokens"))),
+        kv_cache_max_concurrency=_sum(
+            [
+                c
+                for lb, _ in fams.get("llmgpu_engine_cache_config_info", ())
+                if (c := _float(lb.get("kv_cache_max_concurrency"))) is not None
+            ]
+        ),
     )
+
 
 
 def _quantile(fams: Mapping[str, list[Row]], name: str, q: float) -> list[float]:
