@@ -318,7 +318,6 @@ def _engine(target: str, fams: Mapping[str, list[Row]], taken_at: float) -> Engi
     )
 
 
-
 def _quantile(fams: Mapping[str, list[Row]], name: str, q: float) -> list[float]:
     out = []
     for lb, v in fams.get(name, ()):
