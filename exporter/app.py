@@ -22,7 +22,7 @@ from exporter.sim.dcgm import start_sim_dcgm_exporter
 from exporter.sim.engines import start_sim_engines
 from exporter.sim.probes import SimProbes, probed_engines
 from exporter.sim.scenario import Scenario, Timeline, load_builtin, load_file
-from exporter.snapshot import Snapshot
+from exporter.snapshot import Simulation, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +76,30 @@ def load_scenario(settings: Settings) -> Scenario | None:
     return None
 
 
-def enrichers(settings: Settings) -> list[Enricher]:
-    """Whole-snapshot steps, in order: the engine-GPU join, then the diagnosis."""
-    return [
+def enrichers(settings: Settings, timeline: Timeline | None = None, epoch: float = 0.0) -> list[Enricher]:
+    """Whole-snapshot steps, in order: where a simulation is, the engine-GPU join, then the
+    diagnosis."""
+    steps: list[Enricher] = []
+    if timeline is not None:
+        steps.append(simulation_status(timeline, epoch))
+    steps += [
         engine_gpus,
         Diagnoser(history_seconds=settings.history_seconds, gpu_hour_price=settings.gpu_hour_price),
     ]
+    return steps
+
+
+def simulation_status(timeline: Timeline, epoch: float) -> Enricher:
+    """The scenario, its phase and clock at the snapshot's instant (snapshots carry scenario
+    time on the epoch: `taken_at - epoch` is scenario time)."""
+
+    def status(snapshot: Snapshot) -> tuple[object, ...]:
+        t = max(0.0, snapshot.taken_at - epoch)
+        scn = timeline.scenario
+        return (Simulation(scn.name, timeline.phase_at(t), t, scn.duration, timeline.speed, epoch),)
+
+    status.__name__ = "simulation"
+    return status
 
 
 def pod_attribution(socket: str, closers: list[Callable[[], None]]) -> Attribution:
@@ -121,6 +139,7 @@ def build(settings: Settings, *, scenario_clock: Callable[[], float] | None = No
     scenario = load_scenario(settings)
     timeline = None
     clock: Callable[[], float] = time.time
+    epoch = 0.0
     sysfs = "/sys"
     if scenario is not None:
         if scenario_clock is None:
@@ -157,7 +176,7 @@ def build(settings: Settings, *, scenario_clock: Callable[[], float] | None = No
             collectors.build(Context(settings=settings, nvml=nvml, clock=clock, sysfs=sysfs)),
             interval=settings.interval,
             gpu_count=nvml.count,
-            enrichers=enrichers(settings),
+            enrichers=enrichers(settings, timeline, epoch),
             clock=clock,
             simulated=timeline is not None,
             attribution=pod_attribution(settings.kubelet_socket, closers)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from exporter.gpu_readings import DeviceFacts
 from exporter.metricdef import counter, gauge, info, label
@@ -64,6 +64,32 @@ class ExporterInfo:
         "Requests refused by the web config (bad password, missing client certificate)",
         label="reason",
     )
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """Where a simulated run is in its scenario: a node reading the page and JSON show, so a
+    demo says what it plays and how far it is (exports no metric)."""
+
+    scenario: str
+    phase: str
+    scenario_seconds: float  # scenario time now
+    duration_seconds: float  # the story's length; the values hold after it
+    speed: float  # scenario seconds per wall second
+    started_at: float  # wall-clock time the scenario started (epoch seconds)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "phase": self.phase,
+            "scenario_seconds": round(self.scenario_seconds, 3),
+            "duration_seconds": self.duration_seconds,
+            "progress": round(min(1.0, self.scenario_seconds / self.duration_seconds), 4)
+            if self.duration_seconds
+            else 1.0,
+            "speed": self.speed,
+            "started_at": self.started_at,
+        }
 
 
 @dataclass(frozen=True)

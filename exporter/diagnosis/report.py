@@ -13,6 +13,7 @@ from typing import Any
 
 from exporter.diagnosis.fmt import duration, value_text
 from exporter.diagnosis.frame import short_target
+from exporter.diagnosis.page import simulation_line
 
 WIDTH = 100
 SEVERITY_MARK = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}
@@ -36,6 +37,9 @@ def render_text(diagnosis_json: Mapping[str, Any], *, color: bool = False) -> st
     status = str(d.get("status", "ok"))
     when = _when(d.get("taken_at"))
     sim = " (simulated)" if d.get("simulated") else ""
+    played = d.get("simulation")
+    if isinstance(played, Mapping):  # the scenario's clock, not a wall-clock time it lacks
+        when = simulation_line(played)
     out.append(
         f"Node diagnosis{sim} at {when}: {paint(status.upper(), status)} - "
         f"{summary.get('gpus_up', 0)}/{summary.get('gpus', 0)} GPUs up, "

@@ -16,7 +16,7 @@ from fastapi.responses import Response
 from exporter.diagnosis.model import Diagnosis
 from exporter.diagnosis.page import render_page
 from exporter.per_snapshot import PerSnapshot
-from exporter.snapshot import Snapshot
+from exporter.snapshot import Simulation, Snapshot
 
 NO_STORE = {"Cache-Control": "no-store"}
 HTML = "text/html; charset=utf-8"
@@ -28,7 +28,13 @@ def diagnosis_json(snapshot: Snapshot | None) -> dict[str, Any] | None:
     if snapshot is None:
         return None
     diagnosis = snapshot.get(Diagnosis)
-    return diagnosis.to_json() if diagnosis is not None else None
+    if diagnosis is None:
+        return None
+    data = diagnosis.to_json()
+    simulation = snapshot.get(Simulation)
+    if simulation is not None:  # a demo says what it plays, on the scenario's own clock
+        data["simulation"] = simulation.to_json()
+    return data
 
 
 def _json_bytes(snapshot: Snapshot) -> bytes | None:

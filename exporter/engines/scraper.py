@@ -382,21 +382,22 @@ async def _wait(event: asyncio.Event, seconds: float) -> None:
 
 
 def _log_change(state: _State, error: ScrapeError | None) -> None:
-    """One log line when a target comes up, goes down or fails for another reason."""
+    """One log line when a target goes down (with the reason), comes back, or fails for
+    another reason; a target found up at its first scrape is no news."""
     now = "up" if error is None else error.reason
     if now == state.logged:
         return
     first = state.logged is None
     state.logged = now
     if error is None:
-        log.info("engine target %s is up (%s)", state.target.url, state.kind or "engine kind unknown yet")
-    else:
         log.log(
-            logging.INFO if first else logging.WARNING,
-            "engine target %s is down: %s",
+            logging.DEBUG if first else logging.INFO,
+            "engine target %s is up (%s)",
             state.target.url,
-            error,
+            state.kind or "engine kind unknown yet",
         )
+    else:
+        log.warning("engine target %s is down: %s", state.target.url, error)
 
 
 def _port(url: str) -> int | None:

@@ -272,6 +272,15 @@ class Timeline:
     def now(self) -> float:
         return (self._clock() - self._start) * self.speed
 
+    def phase_at(self, t: float) -> str:
+        """The phase playing at scenario time t; after the end, the last one (its values hold)."""
+        end = 0.0
+        for phase in self.scenario.phases:
+            end += phase.duration
+            if t < end:
+                return phase.name
+        return self.scenario.phases[-1].name
+
     def gpu(self, index: int, key: str, t: float | None = None) -> float:
         return _at(self._gpu[index][key], self.now() if t is None else t)
 
