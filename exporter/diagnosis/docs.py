@@ -1,4 +1,4 @@
-"""Generated parts of docs/diagnosis.md and docs/scenarios.md, so the docs never drift.
+"""Generated parts of docs/diagnosis.md, docs/scenarios.md and the README's settings table, so docs never drift.
 
 `python -m exporter.diagnosis.docs` rewrites the blocks between
 `<!-- BEGIN generated:NAME -->` and `<!-- END generated:NAME -->`; `--check` fails when
@@ -155,6 +155,25 @@ def matrix() -> str:
     return "\n".join(rows)
 
 
+def settings_table() -> str:
+    """Every setting of exporter.config.Settings: its flag, environment variable and default."""
+    from exporter.config import Settings
+
+    rows = ["| setting | flag | default | meaning |", "|---|---|---|---|"]
+    for name, f in Settings.model_fields.items():
+        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+        flag = str(extra.get("flag") or "--" + name.replace("_", "-"))
+        if f.annotation is bool:
+            flag = f"{flag} / --no-{name.replace('_', '-')}"
+        default = (
+            "—"
+            if f.default in (None, ())
+            else f"`{str(f.default).lower() if isinstance(f.default, bool) else f.default}`"
+        )
+        rows.append(f"| `{name}` | `{flag}` | {default} | {_cell(str(f.description))} |")
+    return "\n".join(rows)
+
+
 BLOCKS = {
     "docs/diagnosis.md": {
         "rules": rule_table,
@@ -162,6 +181,7 @@ BLOCKS = {
         "scenarios": scenario_table,
     },
     "docs/scenarios.md": {"scenarios": scenario_table, "matrix": matrix},
+    "README.md": {"settings": settings_table},
 }
 
 

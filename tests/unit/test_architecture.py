@@ -28,6 +28,8 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "exporter.snapshot": READINGS,
     "exporter.exposition": (*READINGS, "exporter.snapshot"),
     "exporter.diagnosis.rules": ("exporter.diagnosis",),
+    # the generator of the docs' tables also tabulates the settings for the README
+    "exporter.diagnosis.docs": ("exporter.diagnosis", "exporter.sim.scenario", "exporter.config"),
     # the HTTP routes of the diagnosis serve bytes made once per snapshot
     "exporter.diagnosis.routes": ("exporter.diagnosis", "exporter.snapshot", "exporter.per_snapshot"),
     "exporter.diagnosis": (
