@@ -1,4 +1,4 @@
-"""Generated parts of docs/diagnosis.md, docs/scenarios.md and the README's settings table, so docs never drift.
+"""Generated parts of docs/diagnosis.md, docs/scenarios.md and the README's settings table.
 
 `python -m exporter.diagnosis.docs` rewrites the blocks between
 `<!-- BEGIN generated:NAME -->` and `<!-- END generated:NAME -->`; `--check` fails when
