@@ -54,7 +54,12 @@ def play(path: Path) -> Played:
     scenario = load_file(path)
     clock = app.ManualClock()
     exporter = app.build(
-        Settings(scenario_file=str(path), collectors_disabled=("allocator",)), scenario_clock=clock
+        Settings(
+            scenario_file=str(path),
+            collectors_disabled=("allocator",),
+            metrics_enabled=("llmgpu_gpu_metric_source",),  # which source gave each metric
+        ),
+        scenario_clock=clock,
     )
     out = Played()
     times = sorted(
