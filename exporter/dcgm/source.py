@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from exporter.dcgm.page import DcgmPage, read_page
-from exporter.dcgm.readings import DCGM_SCRAPE_ERRORS, DcgmExporterTarget
+from exporter.dcgm.status import DCGM_SCRAPE_ERRORS, DcgmExporterTarget
 from exporter.dcgm.targets import DcgmTarget
 from exporter.engines.fetch import Limits, ScrapeError, fetch, parse
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-from exporter.dcgm.readings import DcgmExporters, DcgmExporterTarget
+from exporter.dcgm.status import DcgmExporters, DcgmExporterTarget
 from exporter.diagnosis.frame import Frame, GpuFrame
 from exporter.gpu_specs import spec_of
 from exporter.metricdef import gauge, label, nested

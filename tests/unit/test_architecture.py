@@ -40,7 +40,7 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
         "exporter.gpu_specs",
         "exporter.snapshot",
         "exporter.sim.scenario",  # docs.py tabulates the shipped scenarios
-        "exporter.dcgm.readings",  # the coverage report names what the dcgm-exporter lacks
+        "exporter.dcgm.status",  # the coverage report names what the dcgm-exporter lacks
     ),
     "exporter.dcgm": (
         "exporter.dcgm",

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from exporter.dcgm.readings import DcgmExporterTarget
+from exporter.dcgm.status import DcgmExporterTarget
 from exporter.diagnosis.coverage import RULE_SIGNALS, SIGNALS, blind_spots, page_section
 from exporter.diagnosis.frame import Frame
 from exporter.diagnosis.page import render_page
