@@ -120,3 +120,51 @@ def test_timeline_ramps_and_integrates() -> None:
     assert t.gpu(0, "pcie_tx_bps", 25) == 300  # holds after the end
     assert t.gpu_integral(0, "pcie_tx_bps", 20) == pytest.approx(1000 + 2000)
     assert t.gpu_integral(0, "pcie_tx_bps", 30) == pytest.approx(3000 + 3000)
+
+
+# ---- one clear line and a distinct exit code for each way a command can fail -----------
+
+
+def test_a_busy_port_is_one_line_and_exit_4() -> None:
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        r = _cli("serve", "--simulate", "healthy", "--listen", f"127.0.0.1:{port}")
+    assert r.returncode == 4, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"llm-gpu-exporter: 127.0.0.1:{port} is in use; choose another with --listen"
+    ]
+    assert "serving" not in r.stdout and "Traceback" not in r.stderr
+
+
+def test_an_unknown_collector_is_one_line_and_exit_2() -> None:
+    r = _cli("snapshot", "--simulate", "healthy", "--no-collector", "bogus")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "unknown collector(s) bogus" in line and "known:" in line
+
+
+def test_abbreviated_flags_are_refused() -> None:
+    r = _cli("serve", "--simulat", "healthy")
+    assert r.returncode == 2 and "unrecognized arguments: --simulat" in r.stderr
+
+
+def test_diagnose_tells_findings_from_a_missing_driver() -> None:
+    assert _cli("diagnose").returncode == 3  # no NVIDIA driver here
+    r = _cli("diagnose", "--simulate", "kv-pressure", "--step", "30")
+    assert r.returncode == 1 and "memory/kv_cache_saturated" in r.stdout  # findings active
+    assert _cli("diagnose", "--simulate", "healthy", "--step", "60").returncode == 0
+
+
+def test_every_setting_is_a_flag_of_every_sampling_command() -> None:
+    from exporter.cli import parser
+    from exporter.config import Settings
+
+    top = parser()
+    commands = top._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for command in ("serve", "snapshot", "diagnose", "selfcheck"):
+        dests = {a.dest for a in commands[command]._actions}
+        assert set(Settings.model_fields) <= dests, (command, set(Settings.model_fields) - dests)
