@@ -84,6 +84,11 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     ),
     # the fake library answers the field ids the NVML layer names (nvml.h constants)
     "exporter.sim": ("exporter.sim", "exporter.nvml"),
+    # the diagnosis of a past hour: the same frames and rules, fed from a TSDB, never NVML
+    "exporter.tsdb": ("exporter.tsdb", "exporter.diagnosis", "exporter.gpu_specs"),
+    # the HTTP server's limits know nothing of what it serves
+    "exporter.http_limits": (),
+    "exporter.per_snapshot": ("exporter.snapshot",),
     # a recording turned into scenario data: plain data, so it never needs the simulator
     "exporter.smi_profile": ("exporter.smi", "exporter.gpu_specs"),
 }
