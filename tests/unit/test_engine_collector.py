@@ -35,6 +35,8 @@ PAGES = {
 # The names dashboards and alerts are built against (docs/engines.md).
 NAMES = {
     "llmgpu_engine_up",
+    "llmgpu_engine_max_num_seqs",
+    "llmgpu_engine_max_num_batched_tokens",
     "llmgpu_engine_requests_running",
     "llmgpu_engine_requests_waiting",
     "llmgpu_engine_requests_waiting_by_reason",
