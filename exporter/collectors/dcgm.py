@@ -40,7 +40,13 @@ class DcgmCollector(Collector):
         self.interval_s = s.engine_interval
         self.static, self.finder = resolve(s) if finder is None else (None, finder)
         self.source = DcgmSource(
-            Limits(timeout_s=s.engine_timeout, max_bytes=s.engine_max_bytes, max_series=s.engine_max_series),
+            Limits(
+                timeout_s=s.engine_timeout,
+                max_bytes=s.engine_max_bytes,
+                max_series=s.engine_max_series,
+                max_labels=s.engine_max_labels,
+                max_label_length=s.engine_max_label_length,
+            ),
             max_age_s=s.dcgm_exporter_max_age,
             clock=ctx.clock,
         )

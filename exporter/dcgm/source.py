@@ -78,7 +78,8 @@ class DcgmSource:
         try:
             body = self._run(target.url)
             now = self.clock()  # the page's instant, before parsing
-            page = read_page(parse(body, self.limits.max_series))
+            limits = self.limits
+            page = read_page(parse(body, limits.max_series, limits.max_labels, limits.max_label_length))
             del body
         except ScrapeError as err:
             error = err

@@ -21,6 +21,8 @@ DCGM_SCRAPE_ERRORS = (
     "not_prometheus",
     "too_large",
     "too_many_series",
+    "too_many_labels",  # the same caps as engine pages: nothing over them is re-exported
+    "label_too_long",
     "connection",
 )
 

@@ -205,3 +205,40 @@ def test_discovery_failures_keep_the_last_target() -> None:
         assert c.target() == (DcgmTarget(url, "kubernetes"), {"discovery_RuntimeError": 1})
     finally:
         c.stop()
+
+
+def test_a_hostile_dcgm_exporter_page_is_refused_by_the_engine_caps() -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from exporter.dcgm.source import DcgmSource
+    from exporter.engines.fetch import Limits
+
+    long_name = "A" * 3000  # over the 2048-character default cap on one label value
+    page = (
+        "# TYPE DCGM_FI_PROF_SM_ACTIVE gauge\n"
+        f'DCGM_FI_PROF_SM_ACTIVE{{gpu="0",UUID="GPU-1",modelName="{long_name}"}} 0.5\n'
+    ).encode()
+
+    class Hostile(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    source = DcgmSource(Limits(timeout_s=3.0, max_bytes=1 << 20, max_series=1000), max_age_s=90.0)
+    try:
+        got = source.scrape(DcgmTarget(f"http://127.0.0.1:{server.server_address[1]}/metrics", "static"))
+    finally:
+        source.close()
+        server.shutdown()
+    assert got.error is not None and got.error.reason == "label_too_long"
+    assert got.values == {} and got.reading.up == 0
+    assert got.reading.scrape_errors is not None and got.reading.scrape_errors["label_too_long"] == 1
