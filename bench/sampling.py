@@ -47,7 +47,6 @@ def measure(scenario_file: str, budget_s: float, max_passes: int, warmup: int = 
     from fakecalls import Recorder, replay_seconds
 
     from exporter import app
-    from exporter.collectors import NVML_MODULES
     from exporter.collectors.base import REGISTRY
     from exporter.collectors.interconnect import SLOW_EVERY
     from exporter.config import load
@@ -58,9 +57,7 @@ def measure(scenario_file: str, budget_s: float, max_passes: int, warmup: int = 
     runner = exporter.runner
     lib = pynvml.nvmlLib
     slots = list(runner._slots)  # the runner's own list: the same order step() uses
-    nvml_names = {
-        name for name, reg in REGISTRY.items() if reg.factory.__module__.rsplit(".", 1)[-1] in NVML_MODULES
-    }
+    nvml_names = {name for name, reg in REGISTRY.items() if reg.nvml}
     period = max(1, SLOW_EVERY)  # runs after which every collector has done all its work once
     max_passes = max(period, max_passes - max_passes % period)
 
