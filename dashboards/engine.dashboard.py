@@ -366,7 +366,8 @@ gpus = Row(
             "Joules the engine's GPUs used per generated token over the last minute, as the "
             "diagnosis computes it from the GPUs' energy counters and the engine's token counter. "
             "Absent where the GPUs are shared with another engine or split with MIG.",
-            [q(f"llmgpu_engine_energy_per_token_joules{{{T}}}", "{{target}}")],
+            # the lab plays faster than its engines are scraped: no minute holds two scrapes
+            [q(f"llmgpu_engine_energy_per_token_joules{{{T}}}", "{{target}}", scenarios=())],
             unit="joule",
             min_=0,
         ),

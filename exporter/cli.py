@@ -227,13 +227,14 @@ def serve(settings: Settings) -> int:
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    """The listening socket, taken before anything starts: a busy port is one clear line."""
+    """The server's socket, bound before anything starts so that a busy port is one clear
+    line. It listens only once the server starts: until then a connection is refused, not
+    left waiting in a backlog nobody serves (a scrape would time out instead of failing)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(2048)
     except OSError:
         sock.close()
         raise

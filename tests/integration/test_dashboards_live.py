@@ -105,7 +105,13 @@ UNCHECKED = {
     ("diagnosis", "Evidence: memory faults (memory/xid_memory_fault)"),
     ("node", "Allocator: reserved, allocated, largest free block"),
     ("node", "Allocator fragmentation and retries"),
-    ("node", "NVLink errors per link"),
+    ("node", "NVLink errors"),
+    # no lab scenario configures a price, restarts an engine or plays slowly enough for two
+    # engine scrapes to fall inside the minute energy per token is taken over
+    ("engine", "Cost per million tokens"),
+    ("engine", "Last downtime"),
+    ("engine", "Energy per generated token"),
+    ("diagnosis", "Evidence: engine restarts (capacity/slow_recovery)"),
 }
 
 
