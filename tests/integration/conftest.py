@@ -323,6 +323,7 @@ class Lab:
     procs: list[Proc] = field(default_factory=list)
     exporters: dict[str, Proc] = field(default_factory=dict)
     rule_dir: Path | None = None
+    ready: float = 0.0  # wall clock when Prometheus had scraped every exporter
 
     def instance(self, node: str) -> str:
         return f"127.0.0.1:{self.nodes[node][2]}"
@@ -444,6 +445,7 @@ def running_lab(tmp: Path, clusters: dict[str, dict[str, str]], alertmanager: bo
             if am_url:
                 wait_until(lambda: http_get(f"{am_url}/-/ready"), 30, "Alertmanager to be ready")
             wait_until(lambda: prom.targets_up() == len(nodes), 30, "Prometheus to scrape every exporter")
+            lab.ready = time.time()
         except TimeoutError as err:
             raise RuntimeError(f"{err}\n{lab.logs()}") from None
         yield lab

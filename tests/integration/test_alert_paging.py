@@ -11,6 +11,7 @@ for the same time, must page nothing.
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,16 @@ def test_healthy_nodes_page_nothing(lab: Lab) -> None:
     page(lab, "LlmGpuSmSaturated", "node-5")
     time.sleep(3)  # a page evaluated with the others would have been delivered by now
     healthy = {lab.instance(n) for n in HEALTHY}
-    paged = [a["labels"]["alertname"] for a in lab.webhook.alerts() if a["labels"].get("instance") in healthy]
+
+    def starting(a: dict[str, Any]) -> bool:
+        # Prometheus scrapes from its own start, and the exporters start at once on two
+        # cores: with `for:` cut to 2 s, a scrape refused while an exporter starts pages it
+        # as down before the lab is ready. That page is the alert doing its job, not news.
+        began = datetime.fromisoformat(a["startsAt"]).timestamp()
+        return bool(a["labels"]["alertname"] == "LlmGpuExporterDown" and began <= lab.ready)
+
+    alerts = [a for a in lab.webhook.alerts() if a["labels"].get("instance") in healthy]
+    paged = [a["labels"]["alertname"] for a in alerts if not starting(a)]
     assert paged == []
     pending = [a["labels"]["alertname"] for a in lab.prom.alerts() if a["labels"].get("instance") in healthy]
     assert pending == []
