@@ -653,6 +653,8 @@ VM_INTERMITTENT = {
     ("fleet", "Nodes with GPUs not serving", "sm-saturation"): "instance_state:llmgpu_gpus:count",
     ("fleet", "Nodes with GPUs not serving", "thermal-throttle"): "instance_state:llmgpu_gpus:count",
     ("diagnosis", "Findings now", "sm-saturation"): "instant query of the node scraped every 0.5 s",
+    ("fleet", "Nodes at OOM risk", "memory-leak"): "instance:llmgpu_diagnosis_oom_risk_ratio:max (vmalert)",
+    ("fleet", "Nodes at OOM risk", "oom-crash"): "instance:llmgpu_diagnosis_oom_risk_ratio:max (vmalert)",
     ("engine", "TTFT SLO: share over 200 ms and burn rate", "healthy"): (
         "target_model:llmgpu_engine_ttft_over_slo:ratio_rate5m/1h (vmalert)"
     ),

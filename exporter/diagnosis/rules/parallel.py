@@ -35,6 +35,9 @@ def _slower_clock(g: GpuFrame, group: list[GpuFrame]) -> bool:
     return g.sm_clock_ratio is not None and bool(clocks) and g.sm_clock_ratio < 0.95 * median(clocks)
 
 
+SAME_ACTIVITY = 0.02  # SM-active ratios this close read as the same (sampling noise)
+
+
 def _straggler_evidence(g: GpuFrame, group: list[GpuFrame], med: float) -> list[Evidence]:
     others = [x for x in group if x is not g]
     ev = [
@@ -88,9 +91,12 @@ def sm_imbalance(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
         gpus = [g for g in _engine_gpus(frame, e) if g.sm_active_ratio is not None]
         if len(gpus) < 2:
             continue
-        busiest = max(gpus, key=lambda g: g.sm_active_ratio or 0.0)
-        idlest = min(gpus, key=lambda g: g.sm_active_ratio or 0.0)
-        hi, lo = busiest.sm_active_ratio or 0.0, idlest.sm_active_ratio or 0.0
+        hi = max(g.sm_active_ratio or 0.0 for g in gpus)
+        lo = min(g.sm_active_ratio or 0.0 for g in gpus)
+        # GPUs within SAME_ACTIVITY of the busiest (idlest) are as busy (idle) as it: the
+        # first by index is named, so the name does not flip with a sample's noise.
+        busiest = next(g for g in gpus if hi - (g.sm_active_ratio or 0.0) <= SAME_ACTIVITY)
+        idlest = next(g for g in gpus if (g.sm_active_ratio or 0.0) - lo <= SAME_ACTIVITY)
         if hi - lo < th.imbalance_spread_ratio or hi < th.imbalance_busiest_min_ratio:
             continue
         med = median(g.sm_active_ratio or 0.0 for g in gpus)
