@@ -173,7 +173,9 @@ def build(settings: Settings, *, scenario_clock: Callable[[], float] | None = No
             closers.append(dcgm.stop)
             settings = replace(settings, dcgm_exporter=dcgm.url)
         runner = Runner(
-            collectors.build(Context(settings=settings, nvml=nvml, clock=clock, sysfs=sysfs)),
+            collectors.build(
+                Context(settings=settings, nvml=nvml, clock=clock, sysfs=sysfs, exposed=shown.allows)
+            ),
             interval=settings.interval,
             gpu_count=nvml.count,
             enrichers=enrichers(settings, timeline, epoch),

@@ -22,7 +22,7 @@ from exporter import __version__
 from exporter.collectors.base import Collector, Output
 from exporter.exposition import DEFAULT, Exposure, Rendered, render
 from exporter.gpu_readings import DeviceFacts, MetricSource, MetricSources, Xid
-from exporter.metricdef import has_value
+from exporter.metricdef import has_value, metric_defs
 from exporter.snapshot import CollectorStatus, ExporterInfo, GpuState, Snapshot
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,8 @@ class Runner:
     ) -> None:
         self.interval = interval
         self.exposure = exposure
+        # which source gave each merged metric: worked out only where it is written
+        self._sources_shown = any(exposure.allows(m) for m in metric_defs(MetricSource))
         self.gpu_count = gpu_count
         self.enrichers = list(enrichers)
         self.clock = clock
@@ -252,7 +254,7 @@ class Runner:
                         supported[family] = True
                 for family in out.unsupported.get(index, ()):
                     supported.setdefault(family, False)
-            if origins:
+            if origins and self._sources_shown:
                 readings[MetricSources] = _sources(origins)
                 supported[MetricSources.family] = True
             facts = readings.get(DeviceFacts)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from exporter.config import Settings
+    from exporter.metricdef import MetricDef
     from exporter.nvml import Nvml
 
 
@@ -76,6 +77,9 @@ class Context:
     # Root of the sysfs the collectors read (PCI NUMA node, CPU lists); the simulator
     # points it at the tree its GPU profile describes.
     sysfs: str = "/sys"
+    # Whether a metric is written at all (the exposure's verdict): a collector may skip
+    # reading detail no one sees, as long as what the diagnosis reads stays.
+    exposed: Callable[[MetricDef], bool] = lambda metric: True
 
 
 Factory = Callable[[Context], Collector]

@@ -1,14 +1,17 @@
 """PCIe and NVLink: cumulative byte counters from field values, replays, link state, errors.
 
 nvmlDeviceGetPcieThroughput is never called: it blocks about 20 ms per call. NVLink is
-read in one field-values call per GPU: the link count once, then the byte counters of
-every link each run and, every SLOW_EVERY runs, link state and error counters (fields
-with scopeId = link). Only what the driver refuses as a field falls back to the per-link
-functions (older drivers; data CRC past link 11, which has no field id).
+read in one field-values call per GPU: the link count once, then each run the byte
+counters and, every SLOW_EVERY runs, link state and error counters (fields with
+scopeId = link). The byte counters are the all-links sums (scopeId UINT_MAX) unless the
+per-link ones are exposed (the full profile) or the driver refuses the sum. Only what
+the driver refuses as a field falls back to the per-link functions (older drivers; data
+CRC past link 11, which has no field id).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from exporter.collectors.base import Context, register
@@ -26,6 +29,7 @@ from exporter.nvml import (
     FI_PCIE_COUNT_RX_BYTES,
     FI_PCIE_COUNT_TX_BYTES,
     FI_PCIE_REPLAY_COUNTER,
+    SCOPE_ALL_LINKS,
     NvmlError,
 )
 from exporter.nvml import const as N
@@ -40,6 +44,8 @@ NVLINK_ERRORS = {
 CRC_DATA_COUNTER = N.NVML_NVLINK_ERROR_DL_CRC_DATA
 MAX_LINKS = N.NVML_NVLINK_MAX_LINKS
 SLOW_EVERY = 10  # state and error counters change rarely: read every 10 runs
+BYTES = (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX)
+SUMS = [(fid, SCOPE_ALL_LINKS) for fid in BYTES]
 
 Health = tuple[int | None, dict[str, int] | None]
 
@@ -79,6 +85,9 @@ class NvLinkCollector(GpuCollector):
         self._links: dict[int, list[int]] = {}  # GPU -> its links, learnt once
         self._runs: dict[int, int] = {}
         self._health: dict[int, dict[int, Health]] = {}
+        metrics = {f.name: f.metadata.get("metric") for f in dataclasses.fields(NvLinkPort)}
+        self._per_link = any(ctx.exposed(metrics[name]) for name in ("tx_bytes", "rx_bytes"))
+        self._no_sums: set[int] = set()  # GPUs whose driver refused the all-links scope
 
     def _count(self, h: Any) -> list[int]:
         count = self.field_values(h, [(FI_NVLINK_LINK_COUNT, 0)]).get((FI_NVLINK_LINK_COUNT, 0))
@@ -105,6 +114,7 @@ class NvLinkCollector(GpuCollector):
         self._links.pop(index, None)
         self._runs.pop(index, None)
         self._health.pop(index, None)
+        self._no_sums.discard(index)
 
     def read(self, index: int, h: Any) -> NvLink | None:
         if index not in self._links:
@@ -115,14 +125,17 @@ class NvLinkCollector(GpuCollector):
         runs = self._runs.get(index, 0)
         self._runs[index] = runs + 1
         slow = runs % SLOW_EVERY == 0 or index not in self._health
-        ids = [
-            (fid, link)
-            for link in links
-            for fid in (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX)
-        ]
+        summed = not self._per_link and index not in self._no_sums
+        ids = list(SUMS) if summed else [(fid, link) for link in links for fid in BYTES]
         if slow:
             ids += [f for link in links for f in _health_fields(link)]
         got = self.field_values(h, ids)
+        if summed and any(f not in got for f in SUMS):
+            per_link = self.field_values(h, [(fid, link) for link in links for fid in BYTES])
+            if per_link:  # the driver answers the links but not their sum: links from now on
+                self._no_sums.add(index)
+            got.update(per_link)
+            summed = False
         if slow:
             self._health[index] = {link: self._link_health(h, link, got) for link in links}
         health = self._health[index]
@@ -131,15 +144,9 @@ class NvLinkCollector(GpuCollector):
             tx = got.get((FI_NVLINK_THROUGHPUT_DATA_TX, link))
             rx = got.get((FI_NVLINK_THROUGHPUT_DATA_RX, link))
             up, errors = health[link]
-            ports.append(
-                NvLinkPort(
-                    link=link,
-                    up=up,
-                    tx_bytes=int(tx * 1024) if tx is not None else None,
-                    rx_bytes=int(rx * 1024) if rx is not None else None,
-                    errors=errors,
-                )
-            )
+            ports.append(NvLinkPort(link, up, tx_bytes=_bytes(tx), rx_bytes=_bytes(rx), errors=errors))
+        if summed:
+            return NvLink(tx_bytes=_bytes(got[SUMS[0]]), rx_bytes=_bytes(got[SUMS[1]]), links=tuple(ports))
         return NvLink(links=tuple(ports))
 
     def _link_health(self, h: Any, link: int, got: dict[tuple[int, int], float]) -> Health:
@@ -160,6 +167,10 @@ class NvLinkCollector(GpuCollector):
             int(data) if data is not None else q(N.nvmlDeviceGetNvLinkErrorCounter, h, link, CRC_DATA_COUNTER)
         )
         return up, {k: v for k, v in errors.items() if v is not None} or None
+
+
+def _bytes(kib: float | None) -> int | None:
+    return int(kib * 1024) if kib is not None else None
 
 
 @register("pcie", "PCIe byte counters, replays and link generation/width", nvml=True)

@@ -11,6 +11,7 @@ fast behaves as it would in real time.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -148,21 +149,26 @@ class _Bucketed:
     bucket: int | None = None
     total: float = 0.0
     count: int = 0
+    # the closed buckets as a tuple, made once per bucket rather than once per cycle
+    _closed: tuple[tuple[float, float], ...] | None = None
 
     def add(self, t: float, v: float | None) -> None:
         b = int(t // self.width_s)
         if self.bucket is not None and b != self.bucket and self.count:
             self.points.append((self.bucket * self.width_s + self.width_s, self.total / self.count))
             self.total, self.count = 0.0, 0
+            self._closed = None
         self.bucket = b
         if v is not None:
             self.total += v
             self.count += 1
 
     def view(self, now: float, horizon_s: float) -> tuple[tuple[float, float], ...]:
-        pts = tuple(self.points)  # bounded by maxlen: the history span at this resolution
+        if self._closed is None:
+            self._closed = tuple(self.points)  # bounded by maxlen: the history span at this resolution
+        pts = self._closed
         if pts and pts[0][0] < now - horizon_s:
-            pts = tuple(p for p in pts if p[0] >= now - horizon_s)
+            pts = pts[bisect.bisect_left(pts, (now - horizon_s,)) :]
         if self.count:
             pts = (*pts, (now, self.total / self.count))
         return pts
@@ -313,11 +319,15 @@ class Diagnoser:
         for r in risks:
             key = (r.gpu, r.target)
             seen.add(key)
+            # the window's candidates for its maximum, highest first: a score is dropped
+            # once a later one is at least as high, so the front is the maximum
             past = self._risks.setdefault(key, deque())
+            while past and past[-1].ratio <= r.ratio:
+                past.pop()
             past.append(replace(r, taken_at=now))
-            while past and past[0].taken_at < now - window:
+            while past[0].taken_at < now - window:
                 past.popleft()
-            top = max(past, key=lambda x: (x.ratio, x.taken_at))
+            top = past[0]
             if top.taken_at < now and top.ratio > r.ratio:
                 ago = duration(now - top.taken_at)
                 top = replace(top, reasons=tuple(f"{ago} ago: {x}" for x in top.reasons))

@@ -42,6 +42,7 @@ from exporter.nvml import (
     FI_PCIE_COUNT_TX_BYTES,
     FI_PCIE_REPLAY_COUNTER,
     FI_PERF_POLICY_POWER,
+    SCOPE_ALL_LINKS,
 )
 from exporter.sim.drivers import Profile
 from exporter.sim.fake_gpm import GpmSamples, _noise
@@ -452,10 +453,11 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
         if fid == FI_NVLINK_LINK_COUNT:
             return links if links else None  # PCIe-only parts refuse the field
         if fid in (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX):
-            if scope >= links:
+            if scope >= links and not (scope == SCOPE_ALL_LINKS and links):
                 return None
             key = "nvlink_tx_bps" if fid == FI_NVLINK_THROUGHPUT_DATA_TX else "nvlink_rx_bps"
-            return t.gpu_integral(g, key) / links / 1024  # KiB
+            share = 1 if scope == SCOPE_ALL_LINKS else links  # UINT_MAX: the sum over links
+            return t.gpu_integral(g, key) / share / 1024  # KiB
         if fid == FI_NVLINK_GET_STATE:
             return 1 if scope < links else None
         if fid in NVLINK_ERROR_FIELDS:
@@ -538,7 +540,15 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
                     return OK
             if time.monotonic() >= deadline:
                 return N.NVML_ERROR_TIMEOUT
-            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+            # As a driver blocks in its wait: poll only while an XID is still to come.
+            pending = any(
+                f.kind == "xid"
+                and (f.gpu or 0, f.at) not in self._xid_seen
+                and (f.gpu or 0) in self._events_for
+                for f in self.scn.faults
+            )
+            left = max(0.0, deadline - time.monotonic())
+            time.sleep(min(0.05, left) if pending else left)
 
 
 BY_INDEX = ("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetCount_v2")

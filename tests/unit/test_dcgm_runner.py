@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from exporter.collectors.base import Collector, Output
 from exporter.gpu_readings import DeviceFacts, MetricSources, Power, Profiling
+from exporter.exposition import Exposure
 from exporter.runner import Runner
+
+SOURCES = Exposure.of("default", enabled=("llmgpu_gpu_metric_source",))  # full-profile family, on
 
 
 class Fixed(Collector):
@@ -38,7 +41,7 @@ def sources(runner: Runner) -> dict[str, str]:
 
 
 def test_higher_precedence_wins_field_by_field_and_says_so() -> None:
-    runner = Runner([HIGH, LOW], interval=1.0, gpu_count=1)
+    runner = Runner([HIGH, LOW], interval=1.0, gpu_count=1, exposure=SOURCES)
     g = runner.step().snapshot.gpus[0]
     p = g.get(Profiling)
     assert p is not None and p.dram_active_ratio == 0.3 and p.sm_active_ratio == 0.7
@@ -75,9 +78,16 @@ phases: [{name: p, duration: 100, gpu: {util: 0.9, sm_active: 0.5, dram_active: 
 
 
 def test_an_h100_with_both_sources_is_profiled_by_gpm(sim) -> None:  # type: ignore[no-untyped-def]
-    s = sim(GPM_AND_DCGM)
+    s = sim(GPM_AND_DCGM, metrics_enabled=("llmgpu_gpu_metric_source",))
     s.at(10)
     snap = s.at(20)  # GPM has two samples now; the dcgm-exporter its first window
     ms = snap.gpus[0].get(MetricSources)
     assert ms is not None and {i.source for i in ms.items} == {"gpm"}
     assert len(ms.items) == 11
+
+
+def test_sources_are_worked_out_only_where_they_are_written() -> None:
+    # llmgpu_gpu_metric_source is in the full profile: the default one neither writes nor builds it
+    g = Runner([HIGH, LOW], interval=1.0, gpu_count=1).step().snapshot.gpus[0]
+    assert g.get(MetricSources) is None and "sources" not in g.supported
+    assert g.get(Profiling) == Profiling(sm_active_ratio=0.7, dram_active_ratio=0.3)

@@ -151,12 +151,16 @@ def test_an_event_no_gpu_is_known_for_is_counted(sim) -> None:  # type: ignore[n
     assert xid.collect().errors == {"unmapped": 1}
 
 
-def test_nvlink_reads_one_field_call_per_gpu(sim) -> None:  # type: ignore[no-untyped-def]
+def _nvlink_slot(s):  # type: ignore[no-untyped-def]
     from exporter.collectors.interconnect import NvLinkCollector
 
-    s = sim(scenario())
+    return next(sl for sl in s.runner._slots if isinstance(sl.collector, NvLinkCollector))
+
+
+def test_nvlink_reads_one_field_call_per_gpu(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(scenario(), metric_profile="full")
     lib = fakenvml.installed()
-    slot = next(sl for sl in s.runner._slots if isinstance(sl.collector, NvLinkCollector))
+    slot = _nvlink_slot(s)
     before = lib.calls
     s.runner.run_collector(slot)  # the first run is a slow one: state and error counters too
     # per GPU: its handle, the link-count field, one field-values call for all 18 links, and
@@ -166,6 +170,62 @@ def test_nvlink_reads_one_field_call_per_gpu(sim) -> None:  # type: ignore[no-un
     assert len(links) == 18 and all(p.up == 1 for p in links)
     assert set(links[0].errors) == {"replay", "recovery", "crc_flit", "crc_data"}
     assert set(links[17].errors) == {"replay", "recovery", "crc_flit", "crc_data"}
+
+
+def _field_ids(slot, runner):  # type: ignore[no-untyped-def]
+    """The (field id, scope) pairs of every field-values call one run of the collector makes."""
+    asked: list[list[tuple[int, int]]] = []
+    collector = slot.collector
+    real = collector.field_values
+
+    def spy(h, ids):  # type: ignore[no-untyped-def]
+        asked.append(list(ids))
+        return real(h, ids)
+
+    collector.field_values = spy
+    try:
+        runner.run_collector(slot)
+    finally:
+        del collector.field_values
+    return asked
+
+
+def test_nvlink_bytes_are_the_drivers_all_link_sums_when_links_are_not_exposed(sim) -> None:  # type: ignore[no-untyped-def]
+    from exporter.collectors.interconnect import SUMS
+    from exporter.nvml import SCOPE_ALL_LINKS
+
+    full = sim(scenario(), metric_profile="full").at(40).gpu(0).get(NvLink)
+    s = sim(scenario())  # the default profile: per-GPU totals only
+    s.at(40)
+    slot = _nvlink_slot(s)
+    for _ in range(3):  # past the slow run: two fields per GPU, the two sums
+        asked = _field_ids(slot, s.runner)
+    assert asked == [SUMS, SUMS]
+    summed = s.at(40).gpu(0).get(NvLink)
+    assert all(p.tx_bytes is None for p in summed.links) and summed.links_up == 18
+    # the driver's sum is the links' sum, to the KiB each link rounds to
+    assert summed.tx_bytes == pytest.approx(full.tx_bytes, abs=18 * 1024)
+    assert summed.rx_bytes == pytest.approx(full.rx_bytes, abs=18 * 1024)
+    assert summed.tx_bytes > 0 and SCOPE_ALL_LINKS == 2**32 - 1
+
+
+def test_a_driver_refusing_the_all_link_scope_gets_the_links_summed(sim, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from exporter.collectors.interconnect import SUMS
+    from exporter.nvml import SCOPE_ALL_LINKS
+
+    real = fakenvml.FakeLibrary._field
+    monkeypatch.setattr(
+        fakenvml.FakeLibrary,
+        "_field",
+        lambda self, g, fid, scope: None if scope == SCOPE_ALL_LINKS else real(self, g, fid, scope),
+    )
+    s = sim(scenario())
+    got = s.at(40).gpu(0).get(NvLink)
+    assert got.tx_bytes is not None and got.tx_bytes == sum(p.tx_bytes for p in got.links)
+    slot = _nvlink_slot(s)
+    for _ in range(3):
+        asked = _field_ids(slot, s.runner)
+    assert len(asked) == 2 and all(len(a) == 36 and not set(a) & set(SUMS) for a in asked)
 
 
 def test_mig_profile_without_monitor_permission(sim) -> None:  # type: ignore[no-untyped-def]
