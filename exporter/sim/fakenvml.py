@@ -14,6 +14,7 @@ NotSupported functions) comes from the scenario's profile (exporter/sim/drivers.
 from __future__ import annotations
 
 import ctypes
+import functools
 import shutil
 import tempfile
 import threading
@@ -79,6 +80,21 @@ THROTTLE_FIELDS = {
 NVLINK_ERROR_FIELDS = {FI_NVLINK_ERROR_DL_REPLAY, FI_NVLINK_ERROR_DL_RECOVERY, FI_NVLINK_ERROR_DL_CRC}
 
 
+class _Absent:
+    """A function the driver branch does not export: looking it up fails as dlsym does."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Any:
+        raise AttributeError(self.name)
+
+
+@functools.cache
+def _without(cls: type, missing: frozenset[str]) -> type:
+    return type(cls.__name__, (cls,), {name: _Absent() for name in missing})
+
+
 class FakeLibrary(GpmSamples, ProcessesAndMig):
     """Answers pynvml's C calls from a scenario timeline."""
 
@@ -103,12 +119,12 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
 
     # ---- plumbing --------------------------------------------------------------------
 
-    def __getattribute__(self, name: str) -> Any:
+    def __new__(cls, timeline: Timeline) -> FakeLibrary:
         # pynvml looks symbols up with getattr(nvmlLib, name): a symbol this driver branch
         # does not export must raise AttributeError, which it turns into FunctionNotFound.
-        if name.startswith("nvml") and name in object.__getattribute__(self, "_missing"):
-            raise AttributeError(name)
-        return object.__getattribute__(self, name)
+        # A subclass per branch hides them, so no other attribute lookup pays for it.
+        missing = timeline.scenario.profile.driver.missing
+        return object.__new__(_without(cls, missing) if missing else cls)
 
     def _write_sysfs(self) -> str:
         """The sysfs a host with these GPUs has: each GPU's PCI NUMA node and the CPU list
