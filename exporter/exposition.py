@@ -168,6 +168,9 @@ def _write(fams: list[Family]) -> tuple[bytes, bytes]:
     return "".join(text).encode(), "".join(om).encode()
 
 
+BODIES = ("text", "text_gzip", "openmetrics", "openmetrics_gzip")
+
+
 class Rendered:
     """One snapshot's exposition in both formats, plain and gzip, each made on first use.
 
@@ -185,7 +188,8 @@ class Rendered:
         self._lock = threading.RLock()  # a gzip body renders its plain body under it
         self._bodies: dict[str, bytes] = {}
 
-    def _get(self, key: str) -> bytes:
+    def get(self, key: str) -> bytes:
+        """One of BODIES, made now unless it was made before."""
         body = self._bodies.get(key)
         if body is not None:
             return body
@@ -197,7 +201,7 @@ class Rendered:
 
     def _make(self, key: str) -> bytes:
         if key.endswith("_gzip"):
-            plain = self._get(key.removesuffix("_gzip"))  # the lock is held: render inline
+            plain = self.get(key.removesuffix("_gzip"))  # the lock is held: render inline
             self._bodies[key] = gzip.compress(plain, compresslevel=GZIP_LEVEL)
         else:
             text, om = _write(families(self.snapshot, self.exposure))
@@ -211,19 +215,19 @@ class Rendered:
 
     @property
     def text(self) -> bytes:
-        return self._get("text")
+        return self.get("text")
 
     @property
     def text_gzip(self) -> bytes:
-        return self._get("text_gzip")
+        return self.get("text_gzip")
 
     @property
     def openmetrics(self) -> bytes:
-        return self._get("openmetrics")
+        return self.get("openmetrics")
 
     @property
     def openmetrics_gzip(self) -> bytes:
-        return self._get("openmetrics_gzip")
+        return self.get("openmetrics_gzip")
 
 
 def render(snapshot: Snapshot, exposure: Exposure = DEFAULT) -> Rendered:

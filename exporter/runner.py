@@ -3,8 +3,10 @@
 Each collector has a thread of its own and its own interval, so a hung NVML call
 stalls only that collector. Every `interval` seconds the publish loop composes a
 snapshot from the latest output of every collector, lets the enrichers add what is
-derived from the whole picture (engine-GPU join, diagnosis), and renders it once;
-/metrics serves those bytes until the next cycle.
+derived from the whole picture (engine-GPU join, diagnosis), and publishes it; /metrics
+serves it until the next cycle, its bytes made once per snapshot and format: by the
+first scrape that asks, or ahead of it when scrapes come on a steady cadence
+(exporter/cadence.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from exporter import __version__
+from exporter.cadence import Cadence
 from exporter.collectors.base import Collector, Output
 from exporter.exposition import DEFAULT, Exposure, Rendered, render
 from exporter.gpu_readings import DeviceFacts, MetricSource, MetricSources, Xid
@@ -102,6 +105,7 @@ class Runner:
         self.simulated = simulated
         self.attribution = attribution
         self.stats = ServeStats()
+        self.cadence = Cadence()  # when scrapes come, learnt from the server's requests
         self._slots = [_Slot(c) for c in collectors]
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -198,8 +202,10 @@ class Runner:
                 continue
             snapshot = snapshot.with_node(added)
         rendered = render(snapshot, self.exposure)  # bytes are made when a scrape asks
-        self._cycle_seconds = time.monotonic() - started
         self.published = rendered
+        for body in self.cadence.due(started, self.interval):
+            rendered.get(body)  # a steady scraper's next request meets this snapshot: make it now
+        self._cycle_seconds = time.monotonic() - started
         return rendered
 
     def compose(self) -> Snapshot:

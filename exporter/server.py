@@ -73,14 +73,13 @@ def create_app(
             return PlainTextResponse("no sample yet\n", status_code=503)
         runner.stats.scrapes += 1
         gzip_ok = "gzip" in request.headers.get("accept-encoding", "")
-        if "application/openmetrics-text" in request.headers.get("accept", ""):
-            body, media = (rendered.openmetrics_gzip if gzip_ok else rendered.openmetrics), OPENMETRICS
-        else:
-            body, media = (rendered.text_gzip if gzip_ok else rendered.text), TEXT
-        headers = {"content-type": media, "vary": "accept, accept-encoding"}
+        openmetrics = "application/openmetrics-text" in request.headers.get("accept", "")
+        key = ("openmetrics" if openmetrics else "text") + ("_gzip" if gzip_ok else "")
+        runner.cadence.seen(request.client.host if request.client else "", key, time.monotonic())
+        headers = {"content-type": OPENMETRICS if openmetrics else TEXT, "vary": "accept, accept-encoding"}
         if gzip_ok:
             headers["content-encoding"] = "gzip"
-        return Response(body, headers=headers)
+        return Response(rendered.get(key), headers=headers)
 
     @app.get("/healthz")
     async def healthz() -> PlainTextResponse:

@@ -85,7 +85,9 @@ class NvLinkCollector(GpuCollector):
         self._links: dict[int, list[int]] = {}  # GPU -> its links, learnt once
         self._runs: dict[int, int] = {}
         self._health: dict[int, dict[int, Health]] = {}
-        metrics = {f.name: f.metadata.get("metric") for f in dataclasses.fields(NvLinkPort)}
+        metrics = {
+            f.name: f.metadata["metric"] for f in dataclasses.fields(NvLinkPort) if "metric" in f.metadata
+        }
         self._per_link = any(ctx.exposed(metrics[name]) for name in ("tx_bytes", "rx_bytes"))
         self._no_sums: set[int] = set()  # GPUs whose driver refused the all-links scope
 

@@ -63,6 +63,7 @@ class _State:
     active: bool = False
     active_since: float = 0.0
     candidate: Candidate | None = None  # the last time the condition held
+    exported: FindingState | None = None  # the reading last exported, reused while unchanged
 
 
 def true_share(changes: deque[tuple[float, bool]], now: float, window: float) -> float:
@@ -249,20 +250,27 @@ class Diagnoser:
         states: list[FindingState] = []
         findings: list[Finding] = []
         seen: set[tuple[str, str, str]] = set()
+        by_scope: dict[tuple[str, bool], list[Subject]] = {}
         for rule in self.rules:
             candidates = {c.subject.key: c for c in rule.check(frame, self.history, th)}
             hold, clear = rule.hold(th), rule.clear(th)
-            for subject in subjects(frame, rule):
+            scope = (rule.scope, rule.gpus_without_engine)
+            if scope not in by_scope:
+                by_scope[scope] = subjects(frame, rule)
+            for subject in by_scope[scope]:
                 key = (rule.id, *subject.key)
                 seen.add(key)
-                state = self._states.setdefault(key, _State())
+                state = self._states.get(key)
+                if state is None:
+                    state = self._states[key] = _State()
                 candidate = candidates.get(subject.key)
                 step_state(state, now, candidate, hold, clear, th.hold_min_share, th.clear_max_share)
-                states.append(
-                    FindingState(
-                        rule.layer, rule.name, rule.severity, subject.gpu, subject.target, int(state.active)
+                active = int(state.active)
+                if state.exported is None or state.exported.active != active:  # else the same reading
+                    state.exported = FindingState(
+                        rule.layer, rule.name, rule.severity, subject.gpu, subject.target, active
                     )
-                )
+                states.append(state.exported)
                 if state.active and state.candidate is not None:
                     findings.append(_finding(rule, subject, state, names))
         for key in [k for k in self._states if k not in seen]:

@@ -81,13 +81,13 @@ class Rule:
     clear_s: str | float
     gpus_without_engine: bool = False  # gpu_engine scope: GPUs no engine runs on are subjects too
 
-    @property
-    def layer(self) -> str:
-        return self.id.split("/", 1)[0]
+    layer: str = field(init=False, repr=False, compare=False)
+    name: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def name(self) -> str:
-        return self.id.split("/", 1)[1]
+    def __post_init__(self) -> None:
+        layer, name = self.id.split("/", 1)
+        object.__setattr__(self, "layer", layer)  # frozen: set once, read every cycle
+        object.__setattr__(self, "name", name)
 
     def hold(self, th: Thresholds) -> float:
         """Seconds the condition must hold before the finding fires."""

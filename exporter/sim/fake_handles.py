@@ -2,7 +2,8 @@
 """How the fake NVML library answers in C terms: status codes, opaque handles, out-parameters.
 
 pynvml passes ctypes objects by reference and reads what the library wrote into them;
-these helpers write there. Handles are made-up addresses nothing dereferences.
+these helpers write there. Handles are made-up addresses nothing dereferences. A symbol
+the driver branch lacks is hidden from pynvml's lookup as dlsym would hide it.
 """
 
 from __future__ import annotations
@@ -38,3 +39,24 @@ def _set_pointer(ref: Any, address: int) -> None:
 
 def _address(handle: Any) -> int:
     return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+
+class _Absent:
+    """A function the driver branch does not export: looking it up fails as dlsym does."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Any:
+        raise AttributeError(self.name)
+
+
+_HIDING: dict[tuple[type, frozenset[str]], type] = {}
+
+
+def _without(cls: type, missing: frozenset[str]) -> type:
+    """`cls` with `missing` hidden: one class per driver branch, made once."""
+    key = (cls, missing)
+    if key not in _HIDING:
+        _HIDING[key] = type(cls.__name__, (cls,), {name: _Absent() for name in missing})
+    return _HIDING[key]

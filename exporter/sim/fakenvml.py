@@ -14,7 +14,6 @@ NotSupported functions) comes from the scenario's profile (exporter/sim/drivers.
 from __future__ import annotations
 
 import ctypes
-import functools
 import shutil
 import tempfile
 import threading
@@ -59,6 +58,7 @@ from exporter.sim.fake_handles import (
     _out,
     _set_pointer,
     _val,
+    _without,
 )
 from exporter.sim.fake_mig import ProcessesAndMig
 from exporter.sim.scenario import Scenario, Timeline
@@ -78,21 +78,6 @@ THROTTLE_FIELDS = {
     FI_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: "throttle_power_brake",
 }
 NVLINK_ERROR_FIELDS = {FI_NVLINK_ERROR_DL_REPLAY, FI_NVLINK_ERROR_DL_RECOVERY, FI_NVLINK_ERROR_DL_CRC}
-
-
-class _Absent:
-    """A function the driver branch does not export: looking it up fails as dlsym does."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: object, objtype: type | None = None) -> Any:
-        raise AttributeError(self.name)
-
-
-@functools.cache
-def _without(cls: type, missing: frozenset[str]) -> type:
-    return type(cls.__name__, (cls,), {name: _Absent() for name in missing})
 
 
 class FakeLibrary(GpmSamples, ProcessesAndMig):
