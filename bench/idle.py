@@ -1,7 +1,8 @@
 """Idle CPU and Prometheus-style scrape latency of the serving process: this tree against
 the exporter at a git ref, in one run.
 
-    python bench/idle.py [--old-ref REF] [--gpus 8] [--cpu-window 60] [--pairs 60] [--json FILE]
+    python bench/idle.py [--old-ref REF] [--gpus 8] [--cpu-window 60] [--pairs 60]
+                         [--scrape-period 2] [--json FILE]
 
 Both exporters serve the same steady-load H100 scenario (harness.write_scenario) with
 `serve --interval 1`, each its own process: the old one from `git archive REF exporter`
@@ -10,12 +11,15 @@ unpacked in a temporary directory, the new one from this tree.
 - Idle CPU: both run side by side for `--cpu-window` seconds while each is scraped as
   Prometheus does, every 15 s (its Accept header, gzip); the process' user + system CPU
   over the window, per second of wall time, is its share of one core.
-- Latency: `--pairs` pairs of requests per exporter, each after a pause of 0.5-0.7 s
-  (random), so every scrape meets a snapshot no one has scraped yet: a Prometheus-style
-  /metrics scrape, then /healthz (which does nothing), the floor of a request that finds
-  the server idle. The pairs are split into rounds; in each round one exporter runs while
-  the other is stopped with SIGSTOP, and after resuming an exporter the benchmark waits
-  1.5 s for it to publish again.
+- Latency: `--pairs` pairs of requests per exporter, scraped as Prometheus scrapes: a
+  Prometheus-style /metrics request every `--scrape-period` seconds on a fixed phase
+  (so every scrape meets a snapshot no one has scraped yet, and a scrape cadence can be
+  learnt), and halfway between two scrapes /healthz (which does nothing), the floor of a
+  request that finds the server idle. The pairs are split into rounds; in each round
+  one exporter runs while the other is stopped with SIGSTOP, and after resuming an
+  exporter the benchmark waits 1.5 s for it to publish again. Each round begins with
+  LEARN untimed scrapes on the same cadence: the steady state of a scraper that has been
+  scraping for a while, which is what a Prometheus scrape meets.
 
 Prints one JSON object; a benchmark, not a test.
 """
@@ -25,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import tarfile
@@ -42,6 +45,7 @@ from settings import PROMETHEUS_ACCEPT
 SCRAPE_EVERY_S = 15.0
 ROUNDS = 4
 SETTLE_S = 1.5
+LEARN = 3  # scrapes before the timed ones in each round, as a scraper running for a while has made
 PROMETHEUS = {"accept": PROMETHEUS_ACCEPT, "accept-encoding": "gzip"}
 
 
@@ -117,7 +121,7 @@ def idle_cpu(servers: dict[str, Server], window_s: float) -> dict[str, dict[str,
     }
 
 
-def latency(servers: dict[str, Server], pairs: int, rng: random.Random) -> dict[str, Any]:
+def latency(servers: dict[str, Server], pairs: int, period: float) -> dict[str, Any]:
     samples: dict[str, dict[str, list[float]]] = {n: {"scrape": [], "healthz": []} for n in servers}
     size: dict[str, int] = {}
     for round_ in range(ROUNDS):
@@ -128,12 +132,18 @@ def latency(servers: dict[str, Server], pairs: int, rng: random.Random) -> dict[
             try:
                 with httpx.Client(timeout=10.0) as client:
                     client.get(server.healthz)  # the connection, kept alive as Prometheus does
+                    due = time.monotonic() + period
+                    for _ in range(LEARN):  # untimed: what a cadence is learnt from
+                        time.sleep(max(0.0, due - time.monotonic()))
+                        timed(client, server.url, PROMETHEUS)
+                        due += period
                     for _ in range(pairs // ROUNDS + (round_ < pairs % ROUNDS)):
-                        time.sleep(rng.uniform(0.5, 0.7))
+                        time.sleep(max(0.0, due - time.monotonic()))
                         took, size[name] = timed(client, server.url, PROMETHEUS)
                         samples[name]["scrape"].append(took)
-                        time.sleep(rng.uniform(0.5, 0.7))
+                        time.sleep(max(0.0, due + period / 2 - time.monotonic()))
                         samples[name]["healthz"].append(timed(client, server.healthz, {})[0])
+                        due += period
             finally:
                 for other in others:
                     other.resume()
@@ -161,7 +171,9 @@ def main() -> int:
     p.add_argument("--cpu-window", type=float, default=60.0, help="seconds of idle CPU measurement")
     p.add_argument("--pairs", type=int, default=60, help="scrape + healthz pairs per exporter")
     p.add_argument("--json", type=Path, help="also write the results here")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--scrape-period", type=float, default=2.0, help="seconds between two scrapes in the latency phase"
+    )
     args = p.parse_args()
 
     if args.old_ref is None:
@@ -189,8 +201,9 @@ def main() -> int:
             results = {
                 "gpus": args.gpus,
                 "scrape_every_s": SCRAPE_EVERY_S,
+                "latency_scrape_period_s": args.scrape_period,
                 "idle": idle_cpu(servers, args.cpu_window),
-                "latency": latency(servers, args.pairs, random.Random(args.seed)),
+                "latency": latency(servers, args.pairs, args.scrape_period),
                 "loadavg": os.getloadavg(),
             }
         finally:
