@@ -176,7 +176,8 @@ class Rendered:
 
     The attributes read like plain bytes; the first read of a body renders it (text and
     OpenMetrics share one pass over the samples, gzip is per body) under this snapshot's
-    lock, so concurrent scrapes wait for one render instead of making their own.
+    lock, so concurrent scrapes wait for one render instead of making their own. That
+    first read is a scrape's, or the publisher's ahead of a steady scraper's request.
     `rendered_at` is when the snapshot was published.
     """
 

@@ -6,7 +6,7 @@ GPU does not support, and its series is absent.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -314,18 +314,18 @@ class NvLink:
     links: tuple[NvLinkPort, ...] = nested(NvLinkPort)
 
     def __post_init__(self) -> None:
-        # Frozen: the totals are set once here, from the links, unless the caller gave them.
-        states = [p.up for p in self.links if p.up is not None]
-        totals = {
-            "link_count": len(states) if states or not self.links else None,
-            "links_up": sum(states) if states or not self.links else None,
-            "tx_bytes": _sum(p.tx_bytes for p in self.links),
-            "rx_bytes": _sum(p.rx_bytes for p in self.links),
-            "errors": _sum(v for p in self.links for v in (p.errors or {}).values()),
-        }
-        for name, value in totals.items():
+        # Frozen: each total is set once here, from the links, unless the caller gave it.
+        def put(name: str, value: Callable[[], int | None]) -> None:
             if getattr(self, name) is None:
-                object.__setattr__(self, name, value)
+                object.__setattr__(self, name, value())
+
+        states = [p.up for p in self.links if p.up is not None]
+        if states or not self.links:
+            put("link_count", lambda: len(states))
+            put("links_up", lambda: sum(states))
+        put("tx_bytes", lambda: _sum(p.tx_bytes for p in self.links))
+        put("rx_bytes", lambda: _sum(p.rx_bytes for p in self.links))
+        put("errors", lambda: _sum(v for p in self.links for v in (p.errors or {}).values()))
 
 
 @dataclass(frozen=True)

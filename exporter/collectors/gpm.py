@@ -108,11 +108,7 @@ class GpmCollector(GpuCollector):
         except NvmlError as err:
             self.failed(err)
             return None
-        return {
-            req.metrics[i].metricId: req.metrics[i].value
-            for i in range(len(ids))
-            if req.metrics[i].nvmlReturn == N.NVML_SUCCESS
-        }
+        return {m.metricId: m.value for m in req.metrics[: len(ids)] if m.nvmlReturn == N.NVML_SUCCESS}
 
     def _free(self, state: _GpuState) -> None:
         for sample in state.samples:

@@ -85,6 +85,7 @@ class NvLinkCollector(GpuCollector):
         self._links: dict[int, list[int]] = {}  # GPU -> its links, learnt once
         self._runs: dict[int, int] = {}
         self._health: dict[int, dict[int, Health]] = {}
+        self._state: dict[int, NvLink] = {}  # links and their folded totals, per slow run
         metrics = {
             f.name: f.metadata["metric"] for f in dataclasses.fields(NvLinkPort) if "metric" in f.metadata
         }
@@ -116,6 +117,7 @@ class NvLinkCollector(GpuCollector):
         self._links.pop(index, None)
         self._runs.pop(index, None)
         self._health.pop(index, None)
+        self._state.pop(index, None)
         self._no_sums.discard(index)
 
     def read(self, index: int, h: Any) -> NvLink | None:
@@ -140,15 +142,23 @@ class NvLinkCollector(GpuCollector):
             summed = False
         if slow:
             self._health[index] = {link: self._link_health(h, link, got) for link in links}
+            self._state.pop(index, None)
         health = self._health[index]
+        if summed:
+            # The links carry only state and errors, which change on slow runs: their
+            # totals are folded once per slow run and the bytes put beside them.
+            state = self._state.get(index)
+            if state is None:
+                state = self._state[index] = NvLink(
+                    links=tuple(NvLinkPort(link, health[link][0], errors=health[link][1]) for link in links)
+                )
+            return dataclasses.replace(state, tx_bytes=_bytes(got[SUMS[0]]), rx_bytes=_bytes(got[SUMS[1]]))
         ports = []
         for link in links:
             tx = got.get((FI_NVLINK_THROUGHPUT_DATA_TX, link))
             rx = got.get((FI_NVLINK_THROUGHPUT_DATA_RX, link))
             up, errors = health[link]
             ports.append(NvLinkPort(link, up, tx_bytes=_bytes(tx), rx_bytes=_bytes(rx), errors=errors))
-        if summed:
-            return NvLink(tx_bytes=_bytes(got[SUMS[0]]), rx_bytes=_bytes(got[SUMS[1]]), links=tuple(ports))
         return NvLink(links=tuple(ports))
 
     def _link_health(self, h: Any, link: int, got: dict[tuple[int, int], float]) -> Health:

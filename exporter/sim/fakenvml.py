@@ -155,27 +155,31 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
                 setattr(self, name, self._wrap(name, getattr(self, name)))
 
     def _wrap(self, name: str, fn: Callable[..., int]) -> Callable[..., Any]:
+        takes_handle = name.startswith("nvmlDevice") and name not in BY_INDEX
+        faulty = any(f.kind in ("hang", "lost", "error") for f in self.scn.faults)
+        refused = any(_matches(f, name) for f in self.profile.part.not_supported)
+
         def call(*args: Any) -> Any:
             self.calls += 1
-            now = self.t.now()
-            takes_handle = bool(args) and name.startswith("nvmlDevice") and name not in BY_INDEX
             if name in BY_INDEX:
                 gpu = _val(args[0]) if name.endswith("Index_v2") else None
             else:
-                gpu = self._gpu_of(args[0]) if takes_handle else None
+                gpu = self._gpu_of(args[0]) if takes_handle and args else None
             if takes_handle and gpu == -1:
                 return N.NVML_ERROR_INVALID_ARGUMENT  # not a handle this library handed out
-            for f in self.t.faults("hang", now):
-                if _matches(f.function, name) and (f.gpu is None or f.gpu == gpu):
-                    time.sleep(f.seconds)
-            if gpu is not None and gpu >= 0:
-                for f in self.t.faults("lost", now):
-                    if f.gpu is None or f.gpu == gpu:
-                        return ERROR_CODES["GpuIsLost"]
-            for f in self.t.faults("error", now):
-                if _matches(f.function, name) and (f.gpu is None or f.gpu == gpu):
-                    return ERROR_CODES.get(f.error, ERROR_CODES["Unknown"])
-            if any(_matches(f, name) for f in self.profile.part.not_supported):
+            if faulty:
+                now = self.t.now()
+                for f in self.t.faults("hang", now):
+                    if _matches(f.function, name) and (f.gpu is None or f.gpu == gpu):
+                        time.sleep(f.seconds)
+                if gpu is not None and gpu >= 0:
+                    for f in self.t.faults("lost", now):
+                        if f.gpu is None or f.gpu == gpu:
+                            return ERROR_CODES["GpuIsLost"]
+                for f in self.t.faults("error", now):
+                    if _matches(f.function, name) and (f.gpu is None or f.gpu == gpu):
+                        return ERROR_CODES.get(f.error, ERROR_CODES["Unknown"])
+            if refused:
                 return NOT_SUPPORTED
             if (
                 not self.profile.mig_monitor
