@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 KEPT_WHEN_DOWN = (DeviceFacts, Xid)
 KEPT_FAMILIES = {cls.family for cls in KEPT_WHEN_DOWN}
+PUBLISH_LAG = 0.1  # of the interval: when the publisher runs after the collectors' grid point
 COUNTERS_KEPT_S = 300.0  # Prometheus' lookback: a stalled collector's counters end after it
 Enricher = Callable[[Snapshot], tuple[object, ...]]
 Attribution = Callable[[str], Mapping[str, str]]  # GPU uuid -> namespace/pod/container
@@ -143,20 +144,23 @@ class Runner:
             except Exception:
                 log.exception("stopping collector %s failed", slot.collector.name)
 
+    # Collectors run on a grid of their interval, the publisher a little after each point
+    # of its own: the collectors of one cycle run back to back (the interpreter's caches
+    # warm from one to the next) and a snapshot holds readings taken just before it.
     def _loop(self, slot: _Slot) -> None:
         while not self._stop.is_set():
-            started = time.monotonic()
             self.run_collector(slot)
-            self._stop.wait(max(0.0, slot.collector.interval_s - (time.monotonic() - started)))
+            self._stop.wait(_until_next(slot.collector.interval_s))
 
     def _publish_loop(self) -> None:
+        lag = PUBLISH_LAG * self.interval
+        self._stop.wait(lag)  # the collectors' first runs began with start()
         while not self._stop.is_set():
-            started = time.monotonic()
             try:
                 self.publish()
             except Exception:  # a bug in one cycle must not end publishing
                 log.exception("publishing a snapshot failed")
-            self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+            self._stop.wait(_until_next(self.interval, lag))
 
     def run_collector(self, slot: _Slot) -> None:
         started = time.monotonic()
@@ -314,6 +318,11 @@ class Runner:
                     return r.uuid
         facts = self._facts.get(index)
         return facts.uuid if facts is not None else ""
+
+
+def _until_next(period: float, offset: float = 0.0) -> float:
+    """Seconds to the next point of the grid `offset + k * period` (monotonic clock)."""
+    return period - (time.monotonic() - offset) % period
 
 
 def _place(readings: dict[type, object], origins: dict[type, dict[str, str]], r: object, source: str) -> None:
