@@ -8,9 +8,10 @@ Both exporters serve the same steady-load H100 scenario (harness.write_scenario)
 `serve --interval 1`, each its own process: the old one from `git archive REF exporter`
 unpacked in a temporary directory, the new one from this tree.
 
-- Idle CPU: both run side by side for `--cpu-window` seconds while each is scraped as
-  Prometheus does, every 15 s (its Accept header, gzip); the process' user + system CPU
-  over the window, per second of wall time, is its share of one core.
+- Idle CPU: each is measured for `--cpu-window` seconds in all, in rounds during which
+  the other one is stopped with SIGSTOP, while it is scraped as Prometheus does, every
+  15 s (its Accept header, gzip); the process' user + system CPU over its windows, per
+  second of wall time, is its share of one core.
 - Latency: `--pairs` pairs of requests per exporter, scraped as Prometheus scrapes: a
   Prometheus-style /metrics request every `--scrape-period` seconds on a fixed phase
   (so every scrape meets a snapshot no one has scraped yet, and a scrape cadence can be
@@ -95,29 +96,33 @@ def summary(seconds: list[float]) -> dict[str, float]:
 
 
 def idle_cpu(servers: dict[str, Server], window_s: float) -> dict[str, dict[str, float]]:
-    clients = {name: httpx.Client(timeout=10.0) for name in servers}
-    cpu0 = {name: s.cpu_seconds() for name, s in servers.items()}
-    started = time.monotonic()
+    cpu = dict.fromkeys(servers, 0.0)
+    wall = dict.fromkeys(servers, 0.0)
     scrapes = dict.fromkeys(servers, 0)
-    next_at = {name: started + i * SCRAPE_EVERY_S / len(servers) for i, name in enumerate(servers)}
-    while (now := time.monotonic()) < started + window_s:
+    for _ in range(ROUNDS):
         for name, server in servers.items():
-            if now >= next_at[name]:
-                timed(clients[name], server.url, PROMETHEUS)
-                scrapes[name] += 1
-                next_at[name] += SCRAPE_EVERY_S
-        time.sleep(0.05)
-    wall = time.monotonic() - started
-    for c in clients.values():
-        c.close()
+            others = [s for n, s in servers.items() if n != name]
+            for other in others:
+                other.pause()
+            try:
+                time.sleep(SETTLE_S)
+                with httpx.Client(timeout=10.0) as client:
+                    cpu0, started = server.cpu_seconds(), time.monotonic()
+                    next_at = started
+                    while (now := time.monotonic()) < started + window_s / ROUNDS:
+                        if now >= next_at:
+                            timed(client, server.url, PROMETHEUS)
+                            scrapes[name] += 1
+                            next_at += SCRAPE_EVERY_S
+                        time.sleep(0.05)
+                    wall[name] += time.monotonic() - started
+                    cpu[name] += server.cpu_seconds() - cpu0
+            finally:
+                for other in others:
+                    other.resume()
     return {
-        name: {
-            "window_s": wall,
-            "cpu_s": s.cpu_seconds() - cpu0[name],
-            "core_ratio": (s.cpu_seconds() - cpu0[name]) / wall,
-            "scrapes": scrapes[name],
-        }
-        for name, s in servers.items()
+        n: {"window_s": wall[n], "cpu_s": cpu[n], "core_ratio": cpu[n] / wall[n], "scrapes": scrapes[n]}
+        for n in servers
     }
 
 
