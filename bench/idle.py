@@ -11,7 +11,10 @@ unpacked in a temporary directory, the new one from this tree.
 - Idle CPU: each is measured for `--cpu-window` seconds in all, in rounds during which
   the other one is stopped with SIGSTOP, while it is scraped as Prometheus does, every
   15 s (its Accept header, gzip); the process' user + system CPU over its windows, per
-  second of wall time, is its share of one core.
+  second of wall time, is its share of one core. Where the exporter reports it (the
+  simulation block of /api/v1/diagnosis), the CPU its fake NVML library spent answering
+  calls in those windows is reported too, and the share without it: the Python that
+  stands in for libnvidia-ml's C.
 - Latency: `--pairs` pairs of requests per exporter, scraped as Prometheus scrapes: a
   Prometheus-style /metrics request every `--scrape-period` seconds on a fixed phase
   (so every scrape meets a snapshot no one has scraped yet, and a scrape cadence can be
@@ -95,8 +98,17 @@ def summary(seconds: list[float]) -> dict[str, float]:
     return {"n": len(ms), "p50_ms": percentile(ms, 0.5), "p99_ms": percentile(ms, 0.99), "max_ms": max(ms)}
 
 
-def idle_cpu(servers: dict[str, Server], window_s: float) -> dict[str, dict[str, float]]:
+def library_cpu(client: httpx.Client, server: Server) -> float | None:
+    """CPU the simulator's fake NVML library has spent in the exporter so far, as its
+    latest snapshot says; None for an exporter that does not count it."""
+    url = server.url.replace("/metrics", "/api/v1/diagnosis")
+    value = client.get(url).json().get("simulation", {}).get("library_cpu_seconds")
+    return None if value is None else float(value)
+
+
+def idle_cpu(servers: dict[str, Server], window_s: float) -> dict[str, dict[str, float | None]]:
     cpu = dict.fromkeys(servers, 0.0)
+    lib: dict[str, float | None] = dict.fromkeys(servers, 0.0)
     wall = dict.fromkeys(servers, 0.0)
     scrapes = dict.fromkeys(servers, 0)
     for _ in range(ROUNDS):
@@ -107,6 +119,8 @@ def idle_cpu(servers: dict[str, Server], window_s: float) -> dict[str, dict[str,
             try:
                 time.sleep(SETTLE_S)
                 with httpx.Client(timeout=10.0) as client:
+                    # the library's count is asked outside the window: the JSON is not idle work
+                    lib0 = library_cpu(client, server)
                     cpu0, started = server.cpu_seconds(), time.monotonic()
                     next_at = started
                     while (now := time.monotonic()) < started + window_s / ROUNDS:
@@ -117,13 +131,24 @@ def idle_cpu(servers: dict[str, Server], window_s: float) -> dict[str, dict[str,
                         time.sleep(0.05)
                     wall[name] += time.monotonic() - started
                     cpu[name] += server.cpu_seconds() - cpu0
+                    lib1 = library_cpu(client, server)
+                    spent, seen = lib[name], (lib1 - lib0 if lib0 is not None and lib1 is not None else None)
+                    lib[name] = None if spent is None or seen is None else spent + seen
             finally:
                 for other in others:
                     other.resume()
-    return {
-        n: {"window_s": wall[n], "cpu_s": cpu[n], "core_ratio": cpu[n] / wall[n], "scrapes": scrapes[n]}
-        for n in servers
-    }
+    out: dict[str, dict[str, float | None]] = {}
+    for n in servers:
+        spent = lib[n]
+        out[n] = {
+            "window_s": wall[n],
+            "cpu_s": cpu[n],
+            "core_ratio": cpu[n] / wall[n],
+            "library_cpu_s": spent,
+            "core_ratio_without_library": None if spent is None else (cpu[n] - spent) / wall[n],
+            "scrapes": scrapes[n],
+        }
+    return out
 
 
 def latency(servers: dict[str, Server], pairs: int, period: float) -> dict[str, Any]:

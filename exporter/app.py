@@ -93,10 +93,13 @@ def simulation_status(timeline: Timeline, epoch: float) -> Enricher:
     """The scenario, its phase and clock at the snapshot's instant (snapshots carry scenario
     time on the epoch: `taken_at - epoch` is scenario time)."""
 
+    lib = fakenvml.installed()
+
     def status(snapshot: Snapshot) -> tuple[object, ...]:
         t = max(0.0, snapshot.taken_at - epoch)
         scn = timeline.scenario
-        return (Simulation(scn.name, timeline.phase_at(t), t, scn.duration, timeline.speed, epoch),)
+        phase = timeline.phase_at(t)
+        return (Simulation(scn.name, phase, t, scn.duration, timeline.speed, epoch, lib.cpu_seconds),)
 
     status.__name__ = "simulation"
     return status

@@ -77,6 +77,7 @@ class Simulation:
     duration_seconds: float  # the story's length; the values hold after it
     speed: float  # scenario seconds per wall second
     started_at: float  # wall-clock time the scenario started (epoch seconds)
+    library_cpu_seconds: float = 0.0  # CPU the fake NVML library spent answering calls
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -89,6 +90,7 @@ class Simulation:
             else 1.0,
             "speed": self.speed,
             "started_at": self.started_at,
+            "library_cpu_seconds": round(self.library_cpu_seconds, 6),
         }
 
 

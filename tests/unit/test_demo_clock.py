@@ -29,7 +29,12 @@ def test_the_json_carries_the_scenario_clock(sim) -> None:  # type: ignore[no-un
         "progress": 0.75,
         "speed": 1.0,
         "started_at": data["simulation"]["started_at"],
+        "library_cpu_seconds": data["simulation"]["library_cpu_seconds"],
     }
+    # the fake NVML library counts the CPU it spent answering the collectors' calls
+    first = data["simulation"]["library_cpu_seconds"]
+    later = diagnosis_json(s.at(151))
+    assert later is not None and later["simulation"]["library_cpu_seconds"] > first > 0
     # the snapshot's own time is the scenario's, on the epoch it started at
     assert data["taken_at"] - data["simulation"]["started_at"] == 150.0
 
