@@ -51,7 +51,22 @@ def _instance(g: GpuFrame, e: EngineFrame | None) -> MigFrame | None:
     return next((m for m in g.mig if m.uuid in e.gpu_uuids), None)
 
 
+_LAST: tuple[Frame, History, Thresholds, list[OomRisk]] | None = None
+
+
 def oom_risks(frame: Frame, history: History, th: Thresholds) -> list[OomRisk]:
+    """Every GPU's (and engine's) score in this frame; worked out once per frame, for the
+    rule and the diagnoser both ask (frames are immutable, the history only grows)."""
+    global _LAST
+    last = _LAST
+    if last is not None and last[0] is frame and last[1] is history and last[2] is th:
+        return last[3]
+    out = _risks(frame, history, th)
+    _LAST = (frame, history, th, out)
+    return out
+
+
+def _risks(frame: Frame, history: History, th: Thresholds) -> list[OomRisk]:
     out = []
     for g in frame.gpus:
         if not g.up:

@@ -60,3 +60,8 @@ def _without(cls: type, missing: frozenset[str]) -> type:
     if key not in _HIDING:
         _HIDING[key] = type(cls.__name__, (cls,), {name: _Absent() for name in missing})
     return _HIDING[key]
+
+
+def _matches(function: str | None, symbol: str) -> bool:
+    """A fault on `nvmlDeviceGetMemoryInfo` also hits its `_v2` symbol."""
+    return function is not None and (symbol == function or symbol.startswith(function + "_v"))

@@ -55,6 +55,7 @@ from exporter.sim.fake_handles import (
     NOT_SUPPORTED,
     OK,
     _address,
+    _matches,
     _out,
     _set_pointer,
     _val,
@@ -207,8 +208,7 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
 
     @property
     def cpu_seconds(self) -> float:
-        """CPU this library spent answering calls: what libnvidia-ml would spend in C, spent
-        here in Python (benchmarks take it out of the exporter's own figure)."""
+        """CPU spent answering calls: libnvidia-ml's C work, done here in Python."""
         return sum(self._cpu.values())
 
     def _gpu_of(self, handle: Any) -> int:
@@ -575,11 +575,6 @@ BY_INDEX = ("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetCount_v2")
 # What a MIG parent refuses a container that was given MIG devices without the monitor
 # capability (NVIDIA_MIG_MONITOR_DEVICES unset): memory and processes of the whole GPU.
 MIG_MONITOR_FUNCTIONS = ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses")
-
-
-def _matches(function: str | None, symbol: str) -> bool:
-    """A fault on `nvmlDeviceGetMemoryInfo` also hits its `_v2` symbol."""
-    return function is not None and (symbol == function or symbol.startswith(function + "_v"))
 
 
 def installed() -> FakeLibrary:
