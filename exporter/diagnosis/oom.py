@@ -56,7 +56,8 @@ _LAST: tuple[Frame, History, Thresholds, list[OomRisk]] | None = None
 
 def oom_risks(frame: Frame, history: History, th: Thresholds) -> list[OomRisk]:
     """Every GPU's (and engine's) score in this frame; worked out once per frame, for the
-    rule and the diagnoser both ask (frames are immutable, the history only grows)."""
+    rule and the diagnoser both ask within one step (frames are immutable, and each is
+    stepped once)."""
     global _LAST
     last = _LAST
     if last is not None and last[0] is frame and last[1] is history and last[2] is th:
