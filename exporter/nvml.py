@@ -267,7 +267,8 @@ class Nvml:
             v.fieldId, v.scopeId = fid, scope
         if not self.supported(nvmlDeviceGetFieldValues, handle, values):
             return {}
-        return {key: _field_value(v) for key, v in zip(ids, values, strict=True) if v.nvmlReturn == 0}
+        ok = pynvml.NVML_SUCCESS
+        return {key: _field_value(v) for key, v in zip(ids, values, strict=True) if v.nvmlReturn == ok}
 
     def compute_processes(self, handle: Any) -> list[tuple[int, int | None]] | None:
         """(pid, used bytes) of each compute process; None when the GPU cannot tell.

@@ -546,29 +546,28 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
         while True:
             # Each XID fires once, as soon as its time has come, however fast time runs.
             now = self.t.now()
-            for f in (f for f in self.scn.faults if f.kind == "xid" and f.at <= now):
-                key = (f.gpu or 0, f.at)
-                if key not in self._xid_seen and (f.gpu or 0) in self._events_for:
-                    self._xid_seen.add(key)
-                    data = _out(ref)
-                    gpu = f.gpu or 0
-                    # An XID inside a GPU instance carries that MIG device's handle.
-                    address = MIG_HANDLE_BASE + gpu * 16 if self._mig_on(gpu) else HANDLE_BASE + gpu
-                    data.device = ctypes.cast(ctypes.c_void_p(address), N.c_nvmlDevice_t)
-                    data.eventType = N.nvmlEventTypeXidCriticalError
-                    data.eventData = f.xid
-                    return OK
+            to_come = [
+                f
+                for f in self.scn.faults
+                if f.kind == "xid"
+                and (f.gpu or 0, f.at) not in self._xid_seen
+                and (f.gpu or 0) in self._events_for
+            ]
+            for f in (f for f in to_come if f.at <= now):
+                gpu = f.gpu or 0
+                self._xid_seen.add((gpu, f.at))
+                data = _out(ref)
+                # An XID inside a GPU instance carries that MIG device's handle.
+                address = MIG_HANDLE_BASE + gpu * 16 if self._mig_on(gpu) else HANDLE_BASE + gpu
+                data.device = ctypes.cast(ctypes.c_void_p(address), N.c_nvmlDevice_t)
+                data.eventType = N.nvmlEventTypeXidCriticalError
+                data.eventData = f.xid
+                return OK
             if time.monotonic() >= deadline:
                 return N.NVML_ERROR_TIMEOUT
             # As a driver blocks in its wait: poll only while an XID is still to come.
-            pending = any(
-                f.kind == "xid"
-                and (f.gpu or 0, f.at) not in self._xid_seen
-                and (f.gpu or 0) in self._events_for
-                for f in self.scn.faults
-            )
             left = max(0.0, deadline - time.monotonic())
-            time.sleep(min(0.05, left) if pending else left)
+            time.sleep(min(0.05, left) if to_come else left)
 
 
 BY_INDEX = ("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetCount_v2")
