@@ -107,7 +107,7 @@ USER, PASSWORD, TOKEN = "diagnose", "s3cret-pass", "t0ken-for-vm"
 # engine-counter step inside the one-minute rate window: REL_TOL. Evidence in seconds (a
 # time to full) runs with the clock: it may differ by the measured wall distance between
 # the two frames, plus the up to CYCLE_S a scraped snapshot is older than its scrape, in
-# scenario seconds. Numbers inside evidence names
+# scenario seconds, on top of REL_TOL. Numbers inside evidence names
 # (a window's length, which of several equally busy GPUs is the busiest) are masked.
 # Engine findings read numbers the exporter derives from the engine's own counters,
 # scraped on the engines' clock, not the frame's: a sample can sit up to one engine
@@ -468,7 +468,9 @@ def keyed(data: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
 
 def close(a: object, b: object, unit: str, lag: float, rel: float) -> bool:
     if isinstance(a, int | float) and isinstance(b, int | float):
-        return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=lag if unit == "seconds" else ABS_TOL)
+        if unit == "seconds":  # the clock's shift between the frames, and the number's own error
+            return abs(float(a) - float(b)) <= lag + rel * max(abs(float(a)), abs(float(b)))
+        return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=ABS_TOL)
     return a == b
 
 
