@@ -1,7 +1,11 @@
 """Runs the collectors in the background and publishes one snapshot per cycle.
 
-Each collector has a thread of its own and its own interval, so a hung NVML call
-stalls only that collector. Every `interval` seconds the publish loop composes a
+Collectors share one thread, each on a grid of its own interval: one thread waking
+once a cycle costs a fraction of a dozen (a wake-up is ~0.1 ms of CPU on a small VM,
+and on a real driver every NVML call would hand the GIL between the waiting threads).
+A run that outlasts a cycle (a hung NVML call) is moved off it: the collector keeps the
+thread it hangs in, the others go on in a new one, so a hung call still stalls only its
+collector. Every `interval` seconds the publish loop composes a
 snapshot from the latest output of every collector, lets the enrichers add what is
 derived from the whole picture (engine-GPU join, diagnosis), and publishes it; /metrics
 serves it until the next cycle, its bytes made once per snapshot and format: by the
@@ -33,6 +37,7 @@ log = logging.getLogger(__name__)
 KEPT_WHEN_DOWN = (DeviceFacts, Xid)
 KEPT_FAMILIES = {cls.family for cls in KEPT_WHEN_DOWN}
 PUBLISH_LAG = 0.1  # of the interval: when the publisher runs after the collectors' grid point
+DUE_SLACK_S = 0.005  # a wait may end a little before the grid point it was for
 COUNTERS_KEPT_S = 300.0  # Prometheus' lookback: a stalled collector's counters end after it
 Enricher = Callable[[Snapshot], tuple[object, ...]]
 Attribution = Callable[[str], Mapping[str, str]]  # GPU uuid -> namespace/pod/container
@@ -56,6 +61,17 @@ class _Slot:
     success: bool = False
     errors: Counter[str] = field(default_factory=Counter)
     logged: set[str] = field(default_factory=set)
+    due_at: float = 0.0  # monotonic: its next grid point
+
+
+@dataclass
+class _Lane:
+    """Collectors that take turns on one thread."""
+
+    slots: list[_Slot]
+    running: _Slot | None = None
+    since: float = 0.0  # monotonic: when the running one began
+    thread: threading.Thread | None = None
 
 
 def _counters_of(output: Output) -> Output:
@@ -111,6 +127,7 @@ class Runner:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._lanes: list[_Lane] = []
         self._cycle_seconds = 0.0
         self._facts: dict[int, DeviceFacts] = {}  # last known, for GPUs that stopped answering
         self.published: Rendered | None = None
@@ -120,13 +137,21 @@ class Runner:
     def start(self) -> None:
         for slot in self._slots:
             slot.collector.start()
-            self._spawn(f"collector-{slot.collector.name}", self._loop, slot)
+        self._add_lane(self._slots)
         self._spawn("publisher", self._publish_loop)
 
-    def _spawn(self, name: str, target: Callable[..., None], *args: object) -> None:
+    def _spawn(self, name: str, target: Callable[..., None], *args: object) -> threading.Thread:
         t = threading.Thread(target=target, args=args, name=name, daemon=True)
         t.start()
         self._threads.append(t)
+        return t
+
+    def _add_lane(self, slots: Sequence[_Slot]) -> None:
+        lane = _Lane(list(slots))
+        with self._lock:
+            self._lanes.append(lane)
+        name = f"collector-{slots[0].collector.name}" if len(slots) == 1 else f"collectors-{len(self._lanes)}"
+        lane.thread = self._spawn(name, self._lane_loop, lane)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop and wait: collector loops first (no NVML call is in flight after them,
@@ -134,10 +159,12 @@ class Runner:
         wait), so that NVML can be shut down behind this."""
         self._stop.set()
         deadline = time.monotonic() + timeout
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-            if t.is_alive():
-                log.warning("thread %s did not end within %.0f s (a hung NVML call)", t.name, timeout)
+        # The publisher first: it is the one that adds lanes, so none is added behind this.
+        for threads in ([t for t in self._threads if t.name == "publisher"], list(self._threads)):
+            for t in threads:
+                t.join(max(0.0, deadline - time.monotonic()))
+                if t.is_alive():
+                    log.warning("thread %s did not end within %.0f s (a hung NVML call)", t.name, timeout)
         for slot in self._slots:
             try:
                 slot.collector.stop()
@@ -147,20 +174,62 @@ class Runner:
     # Collectors run on a grid of their interval, the publisher a little after each point
     # of its own: the collectors of one cycle run back to back (the interpreter's caches
     # warm from one to the next) and a snapshot holds readings taken just before it.
-    def _loop(self, slot: _Slot) -> None:
+    def _lane_loop(self, lane: _Lane) -> None:
         while not self._stop.is_set():
-            self.run_collector(slot)
-            self._stop.wait(_until_next(slot.collector.interval_s))
+            with self._lock:
+                slots = list(lane.slots)
+            now = time.monotonic()
+            for slot in slots:
+                if slot.due_at > now + DUE_SLACK_S:
+                    continue
+                with self._lock:
+                    if slot not in lane.slots:  # moved off this lane while an earlier one hung
+                        continue
+                    lane.running, lane.since = slot, time.monotonic()
+                self.run_collector(slot)
+                with self._lock:
+                    lane.running = None
+                slot.due_at = _next_point(slot.collector.interval_s)
+            with self._lock:
+                wake = min(s.due_at for s in lane.slots)
+            self._stop.wait(max(0.0, wake - time.monotonic()))
+
+    def _unstick(self) -> None:
+        """Move every collector off a lane whose current run has outlasted a cycle, but
+        the one hanging: that one keeps the thread, which serves only it from now on."""
+        now = time.monotonic()
+        with self._lock:
+            stuck = [
+                lane
+                for lane in self._lanes
+                if lane.running is not None and len(lane.slots) > 1 and now - lane.since > self.interval
+            ]
+            moved = []
+            for lane in stuck:
+                hung = lane.running
+                assert hung is not None
+                moved.append([s for s in lane.slots if s is not hung])
+                lane.slots = [hung]
+                if lane.thread is not None:
+                    lane.thread.name = f"collector-{hung.collector.name}"
+                log.warning(
+                    "collector %s has been in one run for over %.1f s; it gets a thread of its own",
+                    hung.collector.name,
+                    self.interval,
+                )
+        for slots in moved:
+            self._add_lane(slots)
 
     def _publish_loop(self) -> None:
         lag = PUBLISH_LAG * self.interval
         self._stop.wait(lag)  # the collectors' first runs began with start()
         while not self._stop.is_set():
+            self._unstick()
             try:
                 self.publish()
             except Exception:  # a bug in one cycle must not end publishing
                 log.exception("publishing a snapshot failed")
-            self._stop.wait(_until_next(self.interval, lag))
+            self._stop.wait(_next_point(self.interval, lag) - time.monotonic())
 
     def run_collector(self, slot: _Slot) -> None:
         started = time.monotonic()
@@ -320,9 +389,11 @@ class Runner:
         return facts.uuid if facts is not None else ""
 
 
-def _until_next(period: float, offset: float = 0.0) -> float:
-    """Seconds to the next point of the grid `offset + k * period` (monotonic clock)."""
-    return period - (time.monotonic() - offset) % period
+def _next_point(period: float, offset: float = 0.0) -> float:
+    """The next point of the grid `offset + k * period` (monotonic clock) that is more than
+    DUE_SLACK_S away: a wait that ended a little early does not meet its own point again."""
+    after = time.monotonic() + DUE_SLACK_S
+    return after + period - (after - offset) % period
 
 
 def _place(readings: dict[type, object], origins: dict[type, dict[str, str]], r: object, source: str) -> None:

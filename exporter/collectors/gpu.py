@@ -2,7 +2,9 @@
 and one function failing never stops the GPU.
 
 A read goes through `query`, `field_values` and `query_versioned` here, which keep a
-failed function's values absent and count its error by name. Only a failure of the GPU
+failed function's values absent and count its error by name; `held` keeps a value that
+changes only on an admin's or a link's doing (power limit, link width, BAR1 size) for
+HELD_S between reads, a quarter of the NVML calls of a cycle. Only a failure of the GPU
 itself (a DEVICE_GONE error, no handle, or every call of the read failing) marks the
 GPU down for this collector and drops its handle and per-GPU state.
 """
@@ -19,6 +21,7 @@ from exporter.metricdef import has_value
 from exporter.nvml import DEVICE_GONE, UNANSWERED, Nvml, NvmlError
 
 log = logging.getLogger(__name__)
+HELD_S = 10.0  # collector-clock seconds a `held` value is kept before it is read again
 
 
 class GpuCollector(Collector):
@@ -37,9 +40,11 @@ class GpuCollector(Collector):
         self.nvml: Nvml = ctx.nvml
         base = ctx.settings.interval
         self.interval_s = base * self.default_interval if self.follows_interval else self.default_interval
+        self._clock = ctx.clock
         self._calls = 0
         self._failed: Counter[str] = Counter()
         self._logged: set[tuple[str, str]] = set()
+        self._held: dict[tuple[int, str], tuple[float, Any]] = {}  # (GPU, what) -> (read at, value)
 
     def read(self, index: int, handle: Any) -> object | None:
         raise NotImplementedError
@@ -76,6 +81,16 @@ class GpuCollector(Collector):
     def query_versioned(self, key: str, variants: list[Callable[[], Any]]) -> Any:
         return self._guard(lambda: self.nvml.query_versioned(key, variants))
 
+    def held(self, index: int, what: str, read: Callable[[], Any]) -> Any:
+        """What `read()` gave less than HELD_S ago on this GPU, else what it gives now."""
+        now = self._clock()
+        kept = self._held.get((index, what))
+        if kept is not None and 0.0 <= now - kept[0] < HELD_S:
+            return kept[1]
+        value = read()
+        self._held[(index, what)] = (now, value)
+        return value
+
     def _unanswered(self) -> str | None:
         """The error of a GPU that answered none of this read's calls (two at least: one
         function failing alone is not a GPU failing), or None."""
@@ -105,6 +120,7 @@ class GpuCollector(Collector):
                 gpu_errors[index] = down
                 self.nvml.forget(index)
                 self.forget(index)
+                self._held = {k: v for k, v in self._held.items() if k[0] != index}
                 continue
             if reading is not None and has_value(reading):
                 gpus[index] = (reading,)

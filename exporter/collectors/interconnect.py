@@ -65,8 +65,8 @@ class PcieCollector(GpuCollector):
             tx_bytes=get(0),
             rx_bytes=get(1),
             replays=get(2),
-            link_generation=q(N.nvmlDeviceGetCurrPcieLinkGeneration, h),
-            link_width=q(N.nvmlDeviceGetCurrPcieLinkWidth, h),
+            link_generation=self.held(index, "gen", lambda: q(N.nvmlDeviceGetCurrPcieLinkGeneration, h)),
+            link_width=self.held(index, "width", lambda: q(N.nvmlDeviceGetCurrPcieLinkWidth, h)),
         )
 
 

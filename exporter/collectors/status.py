@@ -59,7 +59,7 @@ class MemoryCollector(GpuCollector):
                 lambda: N.nvmlDeviceGetMemoryInfo(h),
             ],
         )
-        bar1 = self.query(N.nvmlDeviceGetBAR1MemoryInfo, h)
+        bar1 = self.held(index, "bar1", lambda: self.query(N.nvmlDeviceGetBAR1MemoryInfo, h))
         return Memory(
             used_bytes=m.used if m is not None else None,
             free_bytes=m.free if m is not None else None,
@@ -75,7 +75,7 @@ class ClocksCollector(GpuCollector):
     def read(self, index: int, h: Any) -> Clocks:
         q = self.query
         sm = q(N.nvmlDeviceGetClockInfo, h, N.NVML_CLOCK_SM)
-        mem = q(N.nvmlDeviceGetClockInfo, h, N.NVML_CLOCK_MEM)
+        mem = self.held(index, "memory", lambda: q(N.nvmlDeviceGetClockInfo, h, N.NVML_CLOCK_MEM))
         # The same bit mask under its pre-R535 name: older drivers have only that symbol.
         bits = self.query_versioned(
             "nvmlDeviceGetCurrentClocksEventReasons",
@@ -99,7 +99,7 @@ class PowerCollector(GpuCollector):
     def read(self, index: int, h: Any) -> Power:
         q = self.query
         usage = q(N.nvmlDeviceGetPowerUsage, h)
-        limit = q(N.nvmlDeviceGetEnforcedPowerLimit, h)
+        limit = self.held(index, "limit", lambda: q(N.nvmlDeviceGetEnforcedPowerLimit, h))
         energy = q(N.nvmlDeviceGetTotalEnergyConsumption, h)
         mem_temp = self.field_values(h, [MEMORY_TEMP]).get(MEMORY_TEMP)
         return Power(

@@ -94,6 +94,7 @@ class EngineScraper:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
+        self._changed: asyncio.Event | None = None  # targets came or went: start or end their loops
         for target in static:
             self.add(target)
 
@@ -105,6 +106,13 @@ class EngineScraper:
             self._static_keys.add(target.key)
             if target.key not in self._states:
                 self._states[target.key] = _State(target=target, kind=target.kind)
+        self._poke()
+
+    def _poke(self) -> None:
+        """Wake the main loop (from any thread) to start or end target loops now."""
+        loop, changed = self._loop, self._changed
+        if loop is not None and changed is not None and loop.is_running():
+            loop.call_soon_threadsafe(changed.set)
 
     def targets(self) -> list[Target]:
         with self._lock:
@@ -144,6 +152,7 @@ class EngineScraper:
                     state.missing_since = now
                 elif now - state.missing_since > GRACE_S:
                     del self._states[key]
+        self._poke()
 
     async def _discover(self) -> None:
         if not self._discoverers:
@@ -327,6 +336,7 @@ class EngineScraper:
         loop, stopping, thread = self._loop, self._stopping, self._thread
         if loop is not None and stopping is not None and loop.is_running():
             loop.call_soon_threadsafe(stopping.set)
+            self._poke()
         if thread is not None:
             thread.join(timeout_s)
         self._thread = None
@@ -343,6 +353,7 @@ class EngineScraper:
 
     async def _main(self, ready: threading.Event) -> None:
         self._stopping = asyncio.Event()
+        self._changed = asyncio.Event()
         ready.set()
         tasks: dict[str, asyncio.Task[None]] = {}
         async with self._client() as client:
@@ -357,7 +368,11 @@ class EngineScraper:
                             tasks[key] = asyncio.create_task(self._target_loop(key, client))
                     for key in [k for k in tasks if k not in current]:
                         tasks.pop(key).cancel()
-                    await _wait(self._stopping, 1.0)
+                    # Targets change only at discovery or through add(), which wake this
+                    # early: a node without engines does not tick.
+                    due = self._last_discovery + DISCOVERY_S if self._discoverers else None
+                    await _wait(self._changed, None if due is None else max(0.05, due - time.monotonic()))
+                    self._changed.clear()
             finally:
                 for task in tasks.values():
                     task.cancel()
@@ -376,7 +391,7 @@ class EngineScraper:
             await _wait(self._stopping, max(interval - (time.monotonic() - started), 0.05))
 
 
-async def _wait(event: asyncio.Event, seconds: float) -> None:
+async def _wait(event: asyncio.Event, seconds: float | None) -> None:
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(event.wait(), timeout=seconds)
 

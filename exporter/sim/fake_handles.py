@@ -9,6 +9,7 @@ the driver branch lacks is hidden from pynvml's lookup as dlsym would hide it.
 from __future__ import annotations
 
 import ctypes
+import sys
 from typing import Any
 
 import pynvml as N
@@ -38,7 +39,17 @@ def _set_pointer(ref: Any, address: int) -> None:
 
 
 def _address(handle: Any) -> int:
-    return ctypes.cast(handle, ctypes.c_void_p).value or 0
+    # The pointer's own bytes: a fifth of what ctypes.cast costs, on every call answered.
+    return int.from_bytes(bytes(handle), sys.byteorder)
+
+
+def _gpu_at(addr: int, gpu_count: int) -> int:
+    """The GPU a handle of this library points at (a MIG device's: its parent), or -1."""
+    if HANDLE_BASE <= addr < HANDLE_BASE + gpu_count:
+        return addr - HANDLE_BASE
+    if MIG_HANDLE_BASE <= addr < MIG_HANDLE_BASE + 0x10000:
+        return (addr - MIG_HANDLE_BASE) // 16
+    return -1
 
 
 class _Absent:

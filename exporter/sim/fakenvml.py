@@ -55,6 +55,7 @@ from exporter.sim.fake_handles import (
     NOT_SUPPORTED,
     OK,
     _address,
+    _gpu_at,
     _matches,
     _out,
     _set_pointer,
@@ -171,10 +172,11 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
 
         def answer(*args: Any) -> Any:
             self.calls += 1
+            addr = _address(args[0]) if takes_handle and args else None
             if name in BY_INDEX:
                 gpu = _val(args[0]) if name.endswith("Index_v2") else None
             else:
-                gpu = self._gpu_of(args[0]) if takes_handle and args else None
+                gpu = None if addr is None else _gpu_at(addr, self.scn.gpu_count)
             if takes_handle and gpu == -1:
                 return N.NVML_ERROR_INVALID_ARGUMENT  # not a handle this library handed out
             if faulty:
@@ -195,7 +197,8 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
                 not self.profile.mig_monitor
                 and takes_handle
                 and gpu is not None
-                and _address(args[0]) < MIG_HANDLE_BASE
+                and addr is not None
+                and addr < MIG_HANDLE_BASE
                 and self._mig_on(gpu)
                 and any(_matches(f, name) for f in MIG_MONITOR_FUNCTIONS)
             ):
@@ -212,12 +215,7 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
         return sum(self._cpu.values())
 
     def _gpu_of(self, handle: Any) -> int:
-        addr = _address(handle)
-        if HANDLE_BASE <= addr < HANDLE_BASE + self.scn.gpu_count:
-            return addr - HANDLE_BASE
-        if MIG_HANDLE_BASE <= addr < MIG_HANDLE_BASE + 0x10000:
-            return (addr - MIG_HANDLE_BASE) // 16
-        return -1
+        return _gpu_at(_address(handle), self.scn.gpu_count)
 
     def v(self, gpu: int, key: str) -> float:
         now = self.t.now()

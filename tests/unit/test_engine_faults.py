@@ -323,6 +323,26 @@ def test_a_hanging_target_does_not_hold_the_others_in_the_background(
         scraper.stop()
 
 
+def test_a_target_added_while_running_is_scraped_at_once(servers: dict[str, Server]) -> None:
+    # Without engines and discovery the scraper's loop sleeps; adding a target wakes it.
+    scraper = EngineScraper(ScrapeConfig(interval_s=0.2, timeout_s=TIMEOUT_S), [])
+    scraper.start()
+    try:
+        time.sleep(0.3)
+        target = Target(url=servers["good"].url)
+        added = time.monotonic()
+        scraper.add(target)
+        while time.monotonic() - added < 5.0:
+            reading = scraper.readings().target(target.name)
+            if reading is not None and reading.up:
+                break
+            time.sleep(0.02)
+        assert reading is not None and reading.up
+        assert time.monotonic() - added < 0.5  # not at the next discovery round
+    finally:
+        scraper.stop()
+
+
 def test_a_restarted_engine_is_picked_up_again() -> None:
     server = Server(good)
     target = Target(url=server.url)

@@ -260,3 +260,23 @@ faults:
     assert not snap.gpu(1).up
     assert snap.gpu(1).get(Xid).counts[79] == 1
     assert 'llmgpu_gpu_xid_errors_total{gpu="1",uuid="' in s.text()
+
+
+def test_a_link_width_is_held_between_reads_then_read_again(sim) -> None:  # type: ignore[no-untyped-def]
+    from exporter.collectors.gpu import HELD_S
+
+    s = sim(
+        """
+        gpus: {count: 1, model: H100-80GB-SXM}
+        phases:
+          - {name: full, duration: 20, gpu: {pcie_link_width: 16}}
+          - {name: downtrained, duration: 100, gpu: {pcie_link_width: 8}}
+    """
+    )
+    assert HELD_S == 10.0
+    first = s.at(15).gpu(0).get(Pcie)
+    assert first.link_width == 16
+    held = s.at(24).gpu(0).get(Pcie)  # downtrained by now, but read 9 s ago
+    assert held.link_width == 16
+    assert held.tx_bytes > first.tx_bytes  # the counters are read every run
+    assert s.at(26).gpu(0).get(Pcie).link_width == 8

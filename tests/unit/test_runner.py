@@ -118,3 +118,39 @@ def test_close_ends_every_nvml_thread_before_nvml_shutdown(sim) -> None:  # type
     time.sleep(0.3)  # the power collector is inside a hung call now
     s.exporter.close()
     assert alive_at_shutdown == []
+
+
+def test_collectors_share_a_thread_until_one_hangs(sim, caplog) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    s = sim(HANG, interval=0.1)
+    s.clock.t = 1
+    s.runner.start()
+    try:
+        time.sleep(1.0)
+        names = [t.name for t in threading.enumerate()]
+        # the hung one kept the thread it hangs in; the others went on in one new thread
+        assert "collector-power" in names
+        assert [n for n in names if n.startswith("collectors-")] == ["collectors-2"]
+        assert "collector power has been in one run for over 0.1 s" in caplog.text
+    finally:
+        s.runner.stop()
+
+
+def test_collectors_run_on_one_thread_each_on_its_own_interval() -> None:
+    import threading
+
+    class Slow(Fine):
+        name = "slow"
+        interval_s = 0.2
+
+    runner = Runner([Fine(), Slow()], interval=0.05, gpu_count=1)
+    runner.start()
+    try:
+        time.sleep(1.0)
+        assert len([t for t in threading.enumerate() if t.name.startswith("collector")]) == 1
+        status = {c.collector: c for c in runner.publish().snapshot.collectors}
+    finally:
+        runner.stop()
+    assert 15 <= status["fine"].runs <= 22  # 1 s at 0.05 s, plus the first run
+    assert 4 <= status["slow"].runs <= 7
