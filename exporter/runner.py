@@ -5,7 +5,8 @@ once a cycle costs a fraction of a dozen (a wake-up is ~0.1 ms of CPU on a small
 and on a real driver every NVML call would hand the GIL between the waiting threads).
 A run that outlasts a cycle (a hung NVML call) is moved off it: the collector keeps the
 thread it hangs in, the others go on in a new one, so a hung call still stalls only its
-collector. Every `interval` seconds the publish loop composes a
+collector. One that waits on the network (`Collector.own_thread`) has its own from the
+start. Every `interval` seconds the publish loop composes a
 snapshot from the latest output of every collector, lets the enrichers add what is
 derived from the whole picture (engine-GPU join, diagnosis), and publishes it; /metrics
 serves it until the next cycle, its bytes made once per snapshot and format: by the
@@ -137,7 +138,10 @@ class Runner:
     def start(self) -> None:
         for slot in self._slots:
             slot.collector.start()
-        self._add_lane(self._slots)
+        self._add_lane([s for s in self._slots if not s.collector.own_thread])
+        for slot in self._slots:
+            if slot.collector.own_thread:
+                self._add_lane([slot])
         self._spawn("publisher", self._publish_loop)
 
     def _spawn(self, name: str, target: Callable[..., None], *args: object) -> threading.Thread:
@@ -147,10 +151,12 @@ class Runner:
         return t
 
     def _add_lane(self, slots: Sequence[_Slot]) -> None:
+        if not slots:
+            return
         lane = _Lane(list(slots))
         with self._lock:
             self._lanes.append(lane)
-        name = f"collector-{slots[0].collector.name}" if len(slots) == 1 else f"collectors-{len(self._lanes)}"
+        name = f"collector-{slots[0].collector.name}" if len(slots) == 1 else "collectors"
         lane.thread = self._spawn(name, self._lane_loop, lane)
 
     def stop(self, timeout: float = 10.0) -> None:

@@ -38,7 +38,8 @@ class Collector:
 
     `start()` once before the first `collect()` (collectors with background work of their
     own, such as the XID event thread or the engine scraper's event loop, begin it here);
-    `collect()` on the collector's own thread every `interval_s`, returning what the
+    `collect()` every `interval_s` on the thread the NVML collectors share (or on one of
+    its own, with `own_thread`, or once a run has hung there), returning what the
     collector knows now; `refresh()` before `collect()` in stepped runs (simulation, CLI),
     doing synchronously what the background work would have done by then; `stop()` once
     at the end, returning only when the collector's threads are done.
@@ -51,6 +52,9 @@ class Collector:
     # `merge_fields` (profiling, which NVML GPM and a dcgm-exporter both provide). Equal
     # precedence: the collector later in name order wins, as it always did.
     precedence: int = 0
+    # A collector that waits on the network, up to its timeout, would hold the shared
+    # thread's other collectors past their grid points: it gets a thread of its own.
+    own_thread: bool = False
 
     def collect(self) -> Output:
         raise NotImplementedError

@@ -4,8 +4,8 @@ NVML's GPM exists on Hopper and later only; on A100, A10, L4 and L40S the SM, te
 and DRAM activity come from DCGM's profiling module, which operators run as NVIDIA's
 dcgm-exporter (port 9400; the GPU Operator installs it on every GPU node). This
 collector reads that page and gives its DCGM_FI_PROF_* values as the same `Profiling`
-readings GPM gives, by GPU UUID. It runs on its own thread like every collector, and
-its fetch is bounded like an engine scrape, so a dead, slow or hostile dcgm-exporter
+readings GPM gives, by GPU UUID. It runs on a thread of its own, and its fetch is
+bounded like an engine scrape, so a dead, slow or hostile dcgm-exporter
 delays nothing but itself; its state is in the llmgpu_dcgm_exporter_* self-metrics.
 
 Where GPM answers too, GPM wins field by field (precedence below the default).
@@ -34,6 +34,7 @@ Finder = Callable[[], list[DcgmTarget]]
 class DcgmCollector(Collector):
     name = "dcgm"
     precedence = -1  # a fallback: GPM, read by this process from the driver, wins
+    own_thread = True  # its fetch waits on the network
 
     def __init__(self, ctx: Context, finder: Finder | None = None) -> None:
         s = ctx.settings

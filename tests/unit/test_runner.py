@@ -131,7 +131,7 @@ def test_collectors_share_a_thread_until_one_hangs(sim, caplog) -> None:  # type
         names = [t.name for t in threading.enumerate()]
         # the hung one kept the thread it hangs in; the others went on in one new thread
         assert "collector-power" in names
-        assert [n for n in names if n.startswith("collectors-")] == ["collectors-2"]
+        assert names.count("collectors") == 1
         assert "collector power has been in one run for over 0.1 s" in caplog.text
     finally:
         s.runner.stop()
@@ -148,7 +148,7 @@ def test_collectors_run_on_one_thread_each_on_its_own_interval() -> None:
     runner.start()
     try:
         time.sleep(1.0)
-        assert len([t for t in threading.enumerate() if t.name.startswith("collector")]) == 1
+        assert [t.name for t in threading.enumerate() if t.name.startswith("collector")] == ["collectors"]
         status = {c.collector: c for c in runner.publish().snapshot.collectors}
     finally:
         runner.stop()
