@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 
 KEPT_WHEN_DOWN = (DeviceFacts, Xid)
 KEPT_FAMILIES = {cls.family for cls in KEPT_WHEN_DOWN}
-PUBLISH_LAG = 0.1  # of the interval: when the publisher runs after the collectors' grid point
 DUE_SLACK_S = 0.005  # a wait may end a little before the grid point it was for
 COUNTERS_KEPT_S = 300.0  # Prometheus' lookback: a stalled collector's counters end after it
 Enricher = Callable[[Snapshot], tuple[object, ...]]
@@ -70,6 +69,8 @@ class _Lane:
     """Collectors that take turns on one thread."""
 
     slots: list[_Slot]
+    publishes: bool = False  # the one lane that publishes each cycle, after its collectors
+    publish_at: float = 0.0  # monotonic: the next point of the publish grid
     running: _Slot | None = None
     since: float = 0.0  # monotonic: when the running one began
     thread: threading.Thread | None = None
@@ -129,6 +130,7 @@ class Runner:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lanes: list[_Lane] = []
+        self._publishing = threading.Lock()
         self._cycle_seconds = 0.0
         self._facts: dict[int, DeviceFacts] = {}  # last known, for GPUs that stopped answering
         self.published: Rendered | None = None
@@ -138,11 +140,11 @@ class Runner:
     def start(self) -> None:
         for slot in self._slots:
             slot.collector.start()
-        self._add_lane([s for s in self._slots if not s.collector.own_thread])
+        self._add_lane([s for s in self._slots if not s.collector.own_thread], publishes=True)
         for slot in self._slots:
             if slot.collector.own_thread:
                 self._add_lane([slot])
-        self._spawn("publisher", self._publish_loop)
+        self._spawn("watchdog", self._watch)
 
     def _spawn(self, name: str, target: Callable[..., None], *args: object) -> threading.Thread:
         t = threading.Thread(target=target, args=args, name=name, daemon=True)
@@ -150,13 +152,11 @@ class Runner:
         self._threads.append(t)
         return t
 
-    def _add_lane(self, slots: Sequence[_Slot]) -> None:
-        if not slots:
-            return
-        lane = _Lane(list(slots))
+    def _add_lane(self, slots: Sequence[_Slot], publishes: bool = False) -> None:
+        lane = _Lane(list(slots), publishes=publishes)
         with self._lock:
             self._lanes.append(lane)
-        name = f"collector-{slots[0].collector.name}" if len(slots) == 1 else "collectors"
+        name = f"collector-{slots[0].collector.name}" if len(slots) == 1 and not publishes else "collectors"
         lane.thread = self._spawn(name, self._lane_loop, lane)
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -165,8 +165,8 @@ class Runner:
         wait), so that NVML can be shut down behind this."""
         self._stop.set()
         deadline = time.monotonic() + timeout
-        # The publisher first: it is the one that adds lanes, so none is added behind this.
-        for threads in ([t for t in self._threads if t.name == "publisher"], list(self._threads)):
+        # The watchdog first: it is the one that adds lanes, so none is added behind this.
+        for threads in ([t for t in self._threads if t.name == "watchdog"], list(self._threads)):
             for t in threads:
                 t.join(max(0.0, deadline - time.monotonic()))
                 if t.is_alive():
@@ -177,9 +177,10 @@ class Runner:
             except Exception:
                 log.exception("stopping collector %s failed", slot.collector.name)
 
-    # Collectors run on a grid of their interval, the publisher a little after each point
-    # of its own: the collectors of one cycle run back to back (the interpreter's caches
-    # warm from one to the next) and a snapshot holds readings taken just before it.
+    # Each collector runs on a grid of its interval, and the lane that publishes does so
+    # right after the collectors of each point of the publish grid: one wake-up a cycle,
+    # the interpreter's caches warm from one collector to the next and into the snapshot,
+    # which holds readings taken just before it.
     def _lane_loop(self, lane: _Lane) -> None:
         while not self._stop.is_set():
             with self._lock:
@@ -196,26 +197,39 @@ class Runner:
                 with self._lock:
                     lane.running = None
                 slot.due_at = _next_point(slot.collector.interval_s)
+            if lane.publishes and lane.publish_at <= now + DUE_SLACK_S:
+                self._publish_cycle()
+                lane.publish_at = _next_point(self.interval)
             with self._lock:
-                wake = min(s.due_at for s in lane.slots)
+                wake = min([s.due_at for s in lane.slots] + ([lane.publish_at] if lane.publishes else []))
             self._stop.wait(max(0.0, wake - time.monotonic()))
 
+    def _publish_cycle(self) -> None:
+        try:
+            self.publish()
+        except Exception:  # a bug in one cycle must not end publishing
+            log.exception("publishing a snapshot failed")
+
+    def _watch(self) -> None:
+        # Every other cycle: a hung call costs at most three cycles of publishing.
+        while not self._stop.wait(2 * self.interval):
+            self._unstick()
+
     def _unstick(self) -> None:
-        """Move every collector off a lane whose current run has outlasted a cycle, but
-        the one hanging: that one keeps the thread, which serves only it from now on."""
+        """Move everything off a lane whose current run has outlasted a cycle (the other
+        collectors, and publishing) but the one hanging: that one keeps the thread, which
+        serves only it from now on."""
         now = time.monotonic()
+        moved: list[tuple[list[_Slot], bool]] = []
         with self._lock:
-            stuck = [
-                lane
-                for lane in self._lanes
-                if lane.running is not None and len(lane.slots) > 1 and now - lane.since > self.interval
-            ]
-            moved = []
-            for lane in stuck:
+            for lane in self._lanes:
                 hung = lane.running
-                assert hung is not None
-                moved.append([s for s in lane.slots if s is not hung])
-                lane.slots = [hung]
+                if hung is None or now - lane.since <= self.interval:
+                    continue
+                if len(lane.slots) == 1 and not lane.publishes:
+                    continue  # alone already
+                moved.append(([s for s in lane.slots if s is not hung], lane.publishes))
+                lane.slots, lane.publishes = [hung], False
                 if lane.thread is not None:
                     lane.thread.name = f"collector-{hung.collector.name}"
                 log.warning(
@@ -223,19 +237,8 @@ class Runner:
                     hung.collector.name,
                     self.interval,
                 )
-        for slots in moved:
-            self._add_lane(slots)
-
-    def _publish_loop(self) -> None:
-        lag = PUBLISH_LAG * self.interval
-        self._stop.wait(lag)  # the collectors' first runs began with start()
-        while not self._stop.is_set():
-            self._unstick()
-            try:
-                self.publish()
-            except Exception:  # a bug in one cycle must not end publishing
-                log.exception("publishing a snapshot failed")
-            self._stop.wait(_next_point(self.interval, lag) - time.monotonic())
+        for slots, publishes in moved:
+            self._add_lane(slots, publishes)
 
     def run_collector(self, slot: _Slot) -> None:
         started = time.monotonic()
@@ -271,6 +274,10 @@ class Runner:
     # ---- composing -----------------------------------------------------------------------
 
     def publish(self) -> Rendered:
+        with self._publishing:  # a lane handing publishing on may still be in its last one
+            return self._publish()
+
+    def _publish(self) -> Rendered:
         started = time.monotonic()
         snapshot = self.compose()
         for enrich in self.enrichers:

@@ -109,7 +109,7 @@ def test_close_ends_every_nvml_thread_before_nvml_shutdown(sim) -> None:  # type
         alive_at_shutdown.extend(
             t.name
             for t in threading.enumerate()
-            if t.name.startswith(("collector-", "xid-events", "publisher"))
+            if t.name.startswith(("collector", "xid-events", "watchdog"))
         )
         return shutdown()
 
