@@ -23,6 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
+from email.utils import formatdate
 from typing import Any, ClassVar
 
 import uvicorn
@@ -75,6 +76,7 @@ class _Pool:
         self.connect_state = connect_state
         self.stats = ConnectionStats()
         self.idle: OrderedDict[GuardedH11, float] = OrderedDict()  # -> monotonic idle since
+        self.date_second = -1  # the second the Date header was made for
 
 
 class GuardedH11(H11Protocol):
@@ -154,6 +156,13 @@ class GuardedH11(H11Protocol):
         super().data_received(data)
 
     def handle_events(self) -> None:
+        # The Date header is made here, at most once a second and only when requests come,
+        # rather than by a server loop that ticks to keep it current.
+        now = time.time()
+        if int(now) != self.pool.date_second:
+            self.pool.date_second = int(now)
+            date = [(b"date", formatdate(now, usegmt=True).encode())] if self.config.date_header else []
+            self.server_state.default_headers = date + self.config.encoded_headers
         before = self.cycle
         super().handle_events()
         if self.cycle is not before and self._counted:  # a complete request: its response starts
@@ -225,12 +234,25 @@ class SliceBodies:
         await self.app(scope, receive, sliced)
 
 
-TICK_S = 1.0
-
-
 class LimitedServer(uvicorn.Server):
-    """uvicorn's server, with a TLS handshake bounded by the header timeout, waking once a
-    second instead of ten times when idle."""
+    """uvicorn's server, with a TLS handshake bounded by the header timeout, asleep until
+    a request or a shutdown comes (uvicorn wakes ten times a second to keep its Date
+    header current and to notice a shutdown)."""
+
+    _exit = False
+    _wake: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+
+    @property
+    def should_exit(self) -> bool:
+        return self._exit
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        # Set by uvicorn's signal handler or by another thread: wake the loop to end it.
+        self._exit = value
+        if value and self._wake is not None:
+            loop, event = self._wake
+            loop.call_soon_threadsafe(event.set)
 
     def __init__(self, config: uvicorn.Config, handshake_timeout: float) -> None:
         super().__init__(config)
@@ -251,13 +273,10 @@ class LimitedServer(uvicorn.Server):
             del loop.create_server
 
     async def main_loop(self) -> None:
-        # uvicorn ticks every 0.1 s to refresh its Date header once a second (every tenth
-        # tick) and to notice a shutdown; ticking once a second does both, a tenth of the
-        # wake-ups of a process that otherwise sleeps. A shutdown waits up to that second.
-        counter = 0
-        while not await self.on_tick(counter):
-            counter = (counter + 10) % 864000
-            await asyncio.sleep(TICK_S)
+        event = asyncio.Event()
+        self._wake = (asyncio.get_running_loop(), event)
+        if not self._exit:
+            await event.wait()
 
 
 def build_server(

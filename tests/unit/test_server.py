@@ -289,3 +289,24 @@ def test_non_reading_clients_hold_one_slice_each_and_are_cut_off(sim) -> None:  
         assert all(_closed_within(sock, 2) for sock in stalled)
         for sock in stalled:
             sock.close()
+
+
+def test_an_idle_server_sleeps_yet_dates_its_answers_and_stops_at_once(sim) -> None:  # type: ignore[no-untyped-def]
+    from email.utils import parsedate_to_datetime
+
+    s = sim(SCENARIO)
+    s.at(1)
+    with live_server(create_app(s.runner)) as (port, server):
+        for _ in range(2):
+            time.sleep(1.1)  # no request meanwhile: nothing ticked to refresh the Date header
+            got = httpx.get(f"http://127.0.0.1:{port}/healthz")
+            assert abs(parsedate_to_datetime(got.headers["date"]).timestamp() - time.time()) < 1.5
+        asked = time.monotonic()
+        server.should_exit = True  # from another thread, as uvicorn's signal handler does
+        while time.monotonic() - asked < 5:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            except OSError:
+                break
+            time.sleep(0.02)
+        assert time.monotonic() - asked < 0.5  # no tick to wait for
