@@ -6,10 +6,10 @@ and on a real driver every NVML call would hand the GIL between the waiting thre
 A run that outlasts a cycle (a hung NVML call) is moved off it: the collector keeps the
 thread it hangs in, the others go on in a new one, so a hung call still stalls only its
 collector. One that waits on the network (`Collector.own_thread`) has its own from the
-start. Every `interval` seconds the publish loop composes a
-snapshot from the latest output of every collector, lets the enrichers add what is
-derived from the whole picture (engine-GPU join, diagnosis), and publishes it; /metrics
-serves it until the next cycle, its bytes made once per snapshot and format: by the
+start. Every `interval` seconds, right after that point's collectors and on their
+thread, the runner composes a snapshot from the latest output of every collector, lets
+the enrichers add what is derived from the whole picture (engine-GPU join, diagnosis),
+and publishes it; /metrics serves it until the next cycle, its bytes made once per snapshot and format: by the
 first scrape that asks, or ahead of it when scrapes come on a steady cadence
 (exporter/cadence.py).
 """
@@ -51,7 +51,7 @@ class ServeStats:
     auth_failures: Counter[str] = field(default_factory=Counter)
 
 
-@dataclass
+@dataclass(eq=False)  # a slot is itself: lanes find theirs by identity
 class _Slot:
     collector: Collector
     output: Output | None = None
@@ -402,11 +402,11 @@ class Runner:
         return facts.uuid if facts is not None else ""
 
 
-def _next_point(period: float, offset: float = 0.0) -> float:
-    """The next point of the grid `offset + k * period` (monotonic clock) that is more than
-    DUE_SLACK_S away: a wait that ended a little early does not meet its own point again."""
+def _next_point(period: float) -> float:
+    """The next point of the grid `k * period` (monotonic clock) more than DUE_SLACK_S
+    away: a wait that ended a little early does not meet its own point again."""
     after = time.monotonic() + DUE_SLACK_S
-    return after + period - (after - offset) % period
+    return after + period - after % period
 
 
 def _place(readings: dict[type, object], origins: dict[type, dict[str, str]], r: object, source: str) -> None:
