@@ -3,9 +3,9 @@
 Prometheus scrapes a target at a fixed interval and a fixed phase within it, so once a
 few scrapes have come from one client, the next is due one interval after the last.
 The cycle that publishes the snapshot that scrape will meet makes the body right after
-publishing, in the background: the scrape then costs what any request does. Bodies no one scrapes are
-never made; a client whose scrapes come irregularly is served as before, rendering on
-its request.
+publishing, in the background: the scrape then costs what any request does. Bodies no
+one scrapes are never made; a client whose scrapes come irregularly is served as
+before, rendering on its request.
 """
 
 from __future__ import annotations

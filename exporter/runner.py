@@ -4,14 +4,14 @@ Collectors share one thread, each on a grid of its own interval: one thread waki
 once a cycle costs a fraction of a dozen (a wake-up is ~0.1 ms of CPU on a small VM,
 and on a real driver every NVML call would hand the GIL between the waiting threads).
 A run that outlasts a cycle (a hung NVML call) is moved off it: the collector keeps the
-thread it hangs in, the others go on in a new one, so a hung call still stalls only its
-collector. One that waits on the network (`Collector.own_thread`) has its own from the
-start. Every `interval` seconds, right after that point's collectors and on their
-thread, the runner composes a snapshot from the latest output of every collector, lets
-the enrichers add what is derived from the whole picture (engine-GPU join, diagnosis),
-and publishes it; /metrics serves it until the next cycle, its bytes made once per snapshot and format: by the
-first scrape that asks, or ahead of it when scrapes come on a steady cadence
-(exporter/cadence.py).
+thread it hangs in, the others and publishing go on in a new one, so a hung call still
+stalls only its collector. One that waits on the network (`Collector.own_thread`) has
+its own from the start. Every `interval` seconds, right after that point's collectors
+and on their thread, the runner composes a snapshot from the latest output of every
+collector, lets the enrichers add what is derived from the whole picture (engine-GPU
+join, diagnosis), and publishes it; /metrics serves it until the next cycle, its bytes
+made once per snapshot and format: by the first scrape that asks, or ahead of it when
+scrapes come on a steady cadence (exporter/cadence.py).
 """
 
 from __future__ import annotations
