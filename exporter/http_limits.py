@@ -18,10 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import signal
 import socket
+import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any, ClassVar
@@ -42,6 +44,9 @@ SLICE_BYTES = 16 * 1024  # copied bytes a stalled connection may hold
 # scrape at 50 MB/s over a 5 ms round trip.
 SEND_BUFFER_BYTES = 128 * 1024  # Linux doubles it
 EVICT_AFTER_S = 1.0  # an idle connection younger than this is never dropped for a new one
+# How long a stop waits for responses in flight before it closes their connections: well
+# inside a pod's termination grace (30 s by default), so a stop never ends in SIGKILL.
+GRACEFUL_STOP_S = 5
 REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncontent-length: 21\r\n"
     b"retry-after: 1\r\nconnection: close\r\n\r\ntoo many connections\n"
@@ -82,7 +87,8 @@ class _Pool:
 class GuardedH11(H11Protocol):
     pool: ClassVar[_Pool]
 
-    _counted = False
+    _admitted = False  # handed to uvicorn, which must then see it lost
+    _counted = False  # holds a slot of max_connections
     _header_timer: asyncio.TimerHandle | None = None
     _write_timer: asyncio.TimerHandle | None = None
 
@@ -96,7 +102,7 @@ class GuardedH11(H11Protocol):
             transport.close()
             return
         pool.stats.open += 1
-        self._counted = True
+        self._admitted = self._counted = True
         super().connection_made(transport)
         if pool.connect_state is not None:
             self.app_state = {**self.app_state, **pool.connect_state(transport)}
@@ -117,8 +123,10 @@ class GuardedH11(H11Protocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self._counted:
+        if not self._admitted:
             return  # refused: uvicorn never saw it
+        # Also after a drop, which released the slot already: uvicorn forgets the
+        # connection only here, and its shutdown waits until it has forgotten them all.
         self._release()
         super().connection_lost(exc)
 
@@ -237,7 +245,8 @@ class SliceBodies:
 class LimitedServer(uvicorn.Server):
     """uvicorn's server, with a TLS handshake bounded by the header timeout, asleep until
     a request or a shutdown comes (uvicorn wakes ten times a second to keep its Date
-    header current and to notice a shutdown)."""
+    header current and to notice a shutdown), and a SIGTERM that ends `run()` rather than
+    the process."""
 
     _exit = False
     _wake: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
@@ -272,6 +281,21 @@ class LimitedServer(uvicorn.Server):
         finally:
             del loop.create_server
 
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn raises a caught SIGINT/SIGTERM again once it has stopped, and the default
+        # handler then ends the process before its caller can close NVML and the simulator.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
     async def main_loop(self) -> None:
         event = asyncio.Event()
         self._wake = (asyncio.get_running_loop(), event)
@@ -296,6 +320,7 @@ def build_server(
         log_level=log_level,
         access_log=False,
         http=protocol_class(limits, connect_state),
+        timeout_graceful_shutdown=GRACEFUL_STOP_S,
     )
     config.load()
     config.ssl = ssl_context  # made by webconfig from every tls_server_config key

@@ -17,12 +17,19 @@ import bcrypt
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from tls_pki import live_server, make_pki
+from tls_pki import free_port, live_server, make_pki
 
 from exporter import webconfig
 from exporter.config import ConfigError
 from exporter.diagnosis.routes import DiagnosisBytes
-from exporter.http_limits import EVICT_AFTER_S, SEND_BUFFER_BYTES, SLICE_BYTES, ServerLimits, pool_stats
+from exporter.http_limits import (
+    EVICT_AFTER_S,
+    SEND_BUFFER_BYTES,
+    SLICE_BYTES,
+    ServerLimits,
+    build_server,
+    pool_stats,
+)
 from exporter.server import create_app
 
 SCENARIO = """
@@ -310,3 +317,82 @@ def test_an_idle_server_sleeps_yet_dates_its_answers_and_stops_at_once(sim) -> N
                 break
             time.sleep(0.02)
         assert time.monotonic() - asked < 0.5  # no tick to wait for
+
+
+def test_connections_the_server_closes_are_forgotten_and_a_stop_ends(sim) -> None:  # type: ignore[no-untyped-def]
+    """A connection the limits close (all of them go through one drop) leaves nothing in
+    uvicorn's set, which its stop waits on: each Prometheus connection closed between two
+    scrapes used to stay there, and the stop waited for ever."""
+    s = sim(SCENARIO)
+    s.at(1)
+    limits = ServerLimits(max_connections=3, idle_timeout=0.3, header_timeout=0.6)
+    server = build_server(create_app(s.runner), "127.0.0.1", free_port(), limits, log_level="error")
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    port, stats = server.config.port, pool_stats(server)
+    socks = []
+    for _ in range(3):  # scraped, then closed by the idle timeout
+        sock = _connect(port)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        socks.append(sock)
+    assert all(_closed_within(sock, 3) for sock in socks)
+    slow = _connect(port)
+    slow.sendall(b"GET /healthz HTTP/1.1\r\n")  # closed by the header timeout
+    assert _closed_within(slow, 3)
+    assert stats.idle_closed == 3 and stats.header_timeouts == 1 and stats.open == 0
+    assert not server.server_state.connections
+    held = [_connect(port) for _ in range(2)]  # open and idle when the stop comes
+    asked = time.monotonic()
+    server.should_exit = True
+    thread.join(timeout=10)
+    assert not thread.is_alive() and time.monotonic() - asked < 2
+    assert not server.server_state.connections
+    for sock in (*socks, slow, *held):
+        sock.close()
+
+
+def test_sigterm_ends_serve_cleanly_after_closed_connections(tmp_path: Path) -> None:
+    """A real `serve`: after the exporter closed an idle scraper's connection, SIGTERM ends
+    it with 0 at once, and closing the exporter removed the simulator's files."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    port = free_port()
+    serve = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "exporter.cli", "serve", "--simulate", "healthy"),
+            *("--listen", f"127.0.0.1:{port}", "--idle-timeout", "0.3", "--no-discover-processes"),
+        ],
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert serve.stdout is not None and "serving http://" in serve.stdout.readline()
+        assert any(tmp_path.iterdir())  # the fake driver's files, removed on close
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                sock = _connect(port)
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+                if sock.recv(4096).startswith(b"HTTP/1.1 200"):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        assert _closed_within(sock, 3)  # closed by the exporter, as between two scrapes
+        sock.close()
+        asked = time.monotonic()
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=10) == 0
+        assert time.monotonic() - asked < 5
+        assert not list(tmp_path.iterdir())
+    finally:
+        serve.kill()
+        serve.wait()
