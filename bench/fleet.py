@@ -5,7 +5,7 @@
 
 For each profile: one child process builds the exporter once on the `healthy` scenario
 (8 simulated H100s and their vLLM engines, sampled every second as `serve` does) and
-serves it with the real HTTP app (`exporter.server.create_app`) on `--nodes` ports, so
+serves it with the real HTTP app (`exporter.web.server.create_app`) on `--nodes` ports, so
 each simulated node is a target of its own with its own `instance` and `node` labels
 while the sampling is paid once (2 shared cores). Prometheus (Debian's 2.42) scrapes
 every target every 15 s and evaluates the shipped rules (alerts/*.rules.yml) every 15 s.
@@ -56,7 +56,7 @@ def serve_nodes(ports: list[int], profile: str) -> None:
     sys.path.insert(0, str(ROOT))
     from exporter import app
     from exporter.config import Settings
-    from exporter.server import create_app
+    from exporter.web.server import create_app
 
     exporter = app.build(Settings(simulate="healthy", speed=1.0, interval=1.0, metric_profile=profile))
     exporter.runner.start()

@@ -48,9 +48,9 @@ def measure(scenario_file: str, budget_s: float, max_passes: int, warmup: int = 
 
     from exporter import app
     from exporter.collectors.base import REGISTRY
-    from exporter.collectors.interconnect import SLOW_EVERY
+    from exporter.collectors.nvlink import SLOW_EVERY
     from exporter.config import load
-    from exporter.exposition import GZIP_LEVEL, render
+    from exporter.web.exposition import GZIP_LEVEL, render
 
     settings = load({"scenario_file": scenario_file, "interval": 1.0}, None)
     exporter = app.build(settings)
@@ -194,10 +194,11 @@ def history_growth(scenario_file: str, budget_s: float) -> dict[str, Any]:
     _repo_on_path()
     import uvicorn  # noqa: F401 - what `serve` has loaded before it samples anything
 
-    from exporter import app, server  # noqa: F401
+    from exporter import app
     from exporter.config import load
     from exporter.diagnosis.diagnoser import Diagnoser
     from exporter.diagnosis.history import DENSE_S, SPARSE_STEP_S
+    from exporter.web import server  # noqa: F401
 
     imports = _rss_kib()
     settings = load({"scenario_file": scenario_file, "interval": 1.0}, None)

@@ -13,7 +13,6 @@ from exporter.collectors.base import Context
 from exporter.config import ConfigError, Settings, replace
 from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.engines.attribution import engine_gpus
-from exporter.exposition import Exposure
 from exporter.metricdef import Profile
 from exporter.nvml import Nvml
 from exporter.runner import Attribution, Enricher, Runner
@@ -23,6 +22,7 @@ from exporter.sim.engines import start_sim_engines
 from exporter.sim.probes import SimProbes, probed_engines
 from exporter.sim.scenario import Scenario, Timeline, load_builtin, load_file
 from exporter.snapshot import Simulation, Snapshot
+from exporter.web.exposition import Exposure
 
 log = logging.getLogger(__name__)
 

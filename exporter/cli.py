@@ -183,9 +183,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(settings: Settings) -> int:
-    from exporter import app, webconfig
-    from exporter.http_limits import ServerLimits, build_server
-    from exporter.server import create_app
+    from exporter import app
+    from exporter.web import webconfig
+    from exporter.web.limits import ServerLimits, build_server
+    from exporter.web.server import create_app
 
     web = webconfig.load(settings.web_config_file) if settings.web_config_file else None
     try:
@@ -266,7 +267,7 @@ def healthcheck(args: argparse.Namespace) -> int:
     import http.client
     import ssl
 
-    from exporter import webconfig
+    from exporter.web import webconfig
 
     given = {k: getattr(args, k) for k in ("listen", "web_config_file")}
     config = args.config
@@ -308,8 +309,8 @@ def healthcheck(args: argparse.Namespace) -> int:
 
 def snapshot(settings: Settings, as_json: bool) -> int:
     from exporter import app
-    from exporter.server import snapshot_json
     from exporter.table import render_table
+    from exporter.web.server import snapshot_json
 
     exporter = app.build(settings)
     try:
@@ -339,8 +340,8 @@ def diagnose(settings: Settings, args: argparse.Namespace) -> int:
             return EXIT_USAGE
     else:
         from exporter import app
-        from exporter.diagnosis.routes import diagnosis_json
         from exporter.tsdb.timespec import TimeError, duration
+        from exporter.web.routes import diagnosis_json
 
         if settings.simulated:
             try:

@@ -11,7 +11,7 @@ and on their thread, the runner composes a snapshot from the latest output of ev
 collector, lets the enrichers add what is derived from the whole picture (engine-GPU
 join, diagnosis), and publishes it; /metrics serves it until the next cycle, its bytes
 made once per snapshot and format: by the first scrape that asks, or ahead of it when
-scrapes come on a steady cadence (exporter/cadence.py).
+scrapes come on a steady cadence (exporter/web/cadence.py).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from exporter import __version__
-from exporter.cadence import Cadence
 from exporter.collectors.base import Collector, Output
-from exporter.exposition import DEFAULT, Exposure, Rendered, render
 from exporter.gpu_readings import DeviceFacts, MetricSource, MetricSources, Xid
 from exporter.metricdef import has_value, metric_defs
 from exporter.snapshot import CollectorStatus, ExporterInfo, GpuState, Snapshot
+from exporter.web.cadence import Cadence
+from exporter.web.exposition import DEFAULT, Exposure, Rendered, render
 
 log = logging.getLogger(__name__)
 

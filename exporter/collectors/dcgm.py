@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 from exporter.collectors.base import Collector, Context, Output, register
 from exporter.config import ConfigError, Settings
+from exporter.dcgm.location import LOCAL_URL, OFF, DcgmTarget, DcgmTargetError, kubernetes, normalize_url
 from exporter.dcgm.source import DcgmSource
 from exporter.dcgm.status import DcgmExporters
-from exporter.dcgm.targets import LOCAL_URL, OFF, DcgmTarget, DcgmTargetError, kubernetes, normalize_url
 from exporter.engines.fetch import Limits
 from exporter.gpu_readings import Profiling
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from exporter.dcgm.page import DcgmPage, read_page
+from exporter.dcgm.location import DcgmTarget
+from exporter.dcgm.scrape import DcgmPage, read_page
 from exporter.dcgm.status import DCGM_SCRAPE_ERRORS, DcgmExporterTarget
-from exporter.dcgm.targets import DcgmTarget
 from exporter.engines.fetch import Limits, ScrapeError, fetch, parse
 
 log = logging.getLogger(__name__)

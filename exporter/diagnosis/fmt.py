@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 
 def value_text(value: float | str | None, unit: str) -> str:
@@ -81,3 +83,13 @@ def duration(seconds: float) -> str:
         return f"{minutes} min {sec} s" if sec else f"{minutes} min"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes} min"
+
+
+def simulation_line(s: Mapping[str, Any]) -> str:
+    """'scenario kv-pressure, phase long-prompts: 4 min 10 s of 10 min (42 %), at 10x'."""
+    t, total = float(s.get("scenario_seconds", 0.0)), float(s.get("duration_seconds", 0.0))
+    ended = " (ended: its last values hold)" if total and t >= total else ""
+    return (
+        f"scenario {s.get('scenario')}, phase {s.get('phase')}: {duration(t)} of {duration(total)} "
+        f"({float(s.get('progress', 0.0)) * 100:.0f} %){ended}, at {float(s.get('speed', 1.0)):g}x"
+    )

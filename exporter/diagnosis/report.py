@@ -11,9 +11,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from exporter.diagnosis.fmt import duration, value_text
+from exporter.diagnosis.fmt import duration, simulation_line, value_text
 from exporter.diagnosis.frame import short_target
-from exporter.diagnosis.page import simulation_line
 
 WIDTH = 100
 SEVERITY_MARK = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}

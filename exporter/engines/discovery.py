@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from exporter.engines import processes
+from exporter.engines import process_tree
 from exporter.engines.targets import Target
 
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ def local_processes() -> list[Target]:
     """Engine servers running on this node, from their command line and listening port."""
     return [
         Target(url=f.url, kind=f.kind, source="process", root_pid=f.pid)
-        for f in processes.discover(own_pid=os.getpid())
+        for f in process_tree.discover(own_pid=os.getpid())
     ]
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import httpx
 
-from exporter.engines import processes
+from exporter.engines import process_tree
 from exporter.engines.derive import ScrapeWindow
 from exporter.engines.fetch import MAX_LABEL_LENGTH, MAX_LABELS, Limits, ScrapeError, fetch, parse
 from exporter.engines.normalize import Normalized, Raw, SeriesKey, normalize
@@ -68,7 +68,7 @@ class _State:
     tree: dict[int, str | None] = field(default_factory=dict)
     tree_at: float = -1e18  # monotonic time of the last tree read
     numa: tuple[int, ...] | None = None  # NUMA nodes of the engine's CPUs
-    cpu: processes.CpuSampler = field(default_factory=processes.CpuSampler)
+    cpu: process_tree.CpuSampler = field(default_factory=process_tree.CpuSampler)
     api_cpu_last: tuple[float, float] | None = None  # (clock, process_cpu_seconds_total)
     missing_since: float | None = None  # monotonic, for discovered targets
     logged: str | None = None  # the state last logged: "up" or a scrape error's reason
@@ -213,18 +213,18 @@ class EngineScraper:
             return
         mono = time.monotonic()
         root = next((p for p, r in state.tree.items() if r == "api_server"), None)
-        if root is not None and mono - state.tree_at < TREE_REFRESH_S and processes.alive(root):
+        if root is not None and mono - state.tree_at < TREE_REFRESH_S and process_tree.alive(root):
             return
         state.tree_at = mono
-        pid = target.root_pid if target.root_pid and processes.alive(target.root_pid) else None
+        pid = target.root_pid if target.root_pid and process_tree.alive(target.root_pid) else None
         if pid is None and target.pod_uid:
-            pids = processes.pids_of_pod(target.pod_uid)
+            pids = process_tree.pids_of_pod(target.pod_uid)
             pid = pids[0] if pids else None
         if pid is None and target.is_local:
             port = _port(target.url)
-            pid = processes.listener_of(port) if port else None
-        state.tree = processes.tree(pid) if pid else {}
-        state.numa = processes.numa_nodes(state.tree) if state.tree else None
+            pid = process_tree.listener_of(port) if port else None
+        state.tree = process_tree.tree(pid) if pid else {}
+        state.numa = process_tree.numa_nodes(state.tree) if state.tree else None
 
     def _process_cpu(self, state: _State, norm: Normalized | None, now: float) -> dict[str, float]:
         """CPU ratio by role: psutil where the processes are visible; otherwise (remote

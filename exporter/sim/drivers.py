@@ -161,7 +161,7 @@ NO_QUIRKS = Part()
 
 
 @dataclass(frozen=True)
-class Profile:
+class DriverProfile:
     driver: Driver = field(default_factory=lambda: DRIVERS[DEFAULT_DRIVER])
     part: Part = NO_QUIRKS
     # False: a container given MIG devices without NVIDIA_MIG_MONITOR_DEVICES; the MIG
@@ -169,8 +169,8 @@ class Profile:
     mig_monitor: bool = True
 
 
-def profile(model: str, driver: str | None = None, mig_monitor: bool = True) -> Profile:
-    return Profile(DRIVERS[driver or DEFAULT_DRIVER], PARTS.get(model, NO_QUIRKS), mig_monitor)
+def profile(model: str, driver: str | None = None, mig_monitor: bool = True) -> DriverProfile:
+    return DriverProfile(DRIVERS[driver or DEFAULT_DRIVER], PARTS.get(model, NO_QUIRKS), mig_monitor)
 
 
 def resolve_driver(spec: str | None = None, cuda: str | None = None) -> Driver:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pynvml as N
 
-from exporter.sim.drivers import Profile
+from exporter.sim.drivers import DriverProfile
 from exporter.sim.fake_handles import HANDLE_BASE, MIG_HANDLE_BASE, OK, _address, _out, _set_pointer, _val
 from exporter.sim.scenario import GpuModel, Scenario, Timeline
 
@@ -19,7 +19,7 @@ class ProcessesAndMig:
     t: Timeline
     scn: Scenario
     model: GpuModel
-    profile: Profile
+    profile: DriverProfile
 
     def _gpu_of(self, handle: Any) -> int:
         raise NotImplementedError

@@ -44,7 +44,7 @@ from exporter.nvml import (
     FI_PERF_POLICY_POWER,
     SCOPE_ALL_LINKS,
 )
-from exporter.sim.drivers import Profile
+from exporter.sim.drivers import DriverProfile
 from exporter.sim.fake_gpm import GpmSamples, _noise
 from exporter.sim.fake_handles import (
     ERROR_CODES,
@@ -89,7 +89,7 @@ class FakeLibrary(GpmSamples, ProcessesAndMig):
         self.t = timeline
         self.scn: Scenario = timeline.scenario
         self.model = self.scn.gpu_model
-        self.profile: Profile = self.scn.profile
+        self.profile: DriverProfile = self.scn.profile
         self._missing = self.profile.driver.missing
         self.sysfs = self._write_sysfs()
         self.uuids = list(self.scn.uuids) or [

@@ -22,7 +22,7 @@ import yaml
 
 from exporter.nvml import FI_MEMORY_TEMP
 from exporter.sim.dcgm_spec import DcgmExporterSpec, parse_spec
-from exporter.sim.drivers import NO_QUIRKS, PARTS, Profile
+from exporter.sim.drivers import NO_QUIRKS, PARTS, DriverProfile
 from exporter.sim.recorded_gpus import identities, inline_model, recorded_driver
 
 
@@ -151,7 +151,7 @@ ECC_KEYS = ("ecc_corrected_rate", "ecc_uncorrected_rate")
 PROFILING_SOURCE_KEY = "dcgm_exporter"  # a top-level key: DCGM's profiling fields stand in for GPM
 
 
-def unprovided_keys(model: GpuModel, prof: Profile, profiling_source: bool = False) -> dict[str, str]:
+def unprovided_keys(model: GpuModel, prof: DriverProfile, profiling_source: bool = False) -> dict[str, str]:
     """GPU keys this model on this driver cannot report, each with the reason."""
     out: dict[str, str] = {}
     if not profiling_source:
@@ -231,7 +231,7 @@ class Scenario:
     engines: tuple[EngineSpec, ...] = ()
     mig: MigSpec | None = None
     expect_findings: tuple[str, ...] = ()
-    profile: Profile = field(default_factory=Profile)  # driver branch and part quirks
+    profile: DriverProfile = field(default_factory=DriverProfile)  # driver branch and part quirks
     dcgm_exporter: DcgmExporterSpec | None = None  # a simulated dcgm-exporter (sim/dcgm.py)
     # Identities of recorded GPUs, where the fake would make them up; `steady` drops the
     # fake's wobble so values are exactly the timeline's (replaying a recording).
@@ -403,7 +403,7 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
         for n in p.engines:
             if n not in names:
                 raise fail(f"phases.{p.name}.engines.{n}", f"the name of a declared engine ({names})")
-    prof = Profile(driver, part, mig_monitor)
+    prof = DriverProfile(driver, part, mig_monitor)
     label = model_name if isinstance(model_name, str) else gpu_model.name
     _check_provided(phases, gpu_model, label, prof, PROFILING_SOURCE_KEY in data, where)
     faults = tuple(_fault(f, i, fail, count) for i, f in enumerate(_list(data, "faults", fail)))
@@ -442,7 +442,7 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
 
 
 def _check_provided(
-    phases: tuple[Phase, ...], model: GpuModel, label: str, prof: Profile, profiling: bool, where: str
+    phases: tuple[Phase, ...], model: GpuModel, label: str, prof: DriverProfile, profiling: bool, where: str
 ) -> None:
     """Refuse a phase value the simulated GPUs could not report (it would vanish unseen)."""
     missing = unprovided_keys(model, prof, profiling)

@@ -24,8 +24,8 @@ from exporter.collectors.base import Context
 from exporter.collectors.engines import EnginesCollector
 from exporter.config import Settings
 from exporter.engines.readings import Engines, EngineSeries, EngineTargetReading
-from exporter.exposition import render
 from exporter.snapshot import Snapshot
+from exporter.web.exposition import render
 
 INTERVAL_S = 0.25
 # Long enough that a scrape lands mid-load even when both cores are busy with vLLM.

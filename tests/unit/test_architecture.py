@@ -26,12 +26,18 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "exporter.allocator_readings": READINGS,
     "exporter.engines.readings": ("exporter.metricdef",),
     "exporter.snapshot": READINGS,
-    "exporter.exposition": (*READINGS, "exporter.snapshot"),
+    "exporter.web.exposition": (*READINGS, "exporter.snapshot"),
     "exporter.diagnosis.rules": ("exporter.diagnosis",),
     # the generator of the docs' tables also tabulates the settings for the README
     "exporter.diagnosis.docs": ("exporter.diagnosis", "exporter.sim.scenario", "exporter.config"),
     # the HTTP routes of the diagnosis serve bytes made once per snapshot
-    "exporter.diagnosis.routes": ("exporter.diagnosis", "exporter.snapshot", "exporter.per_snapshot"),
+    "exporter.web.routes": (
+        "exporter.diagnosis",
+        "exporter.snapshot",
+        "exporter.web.per_snapshot",
+        "exporter.web.page",
+    ),
+    "exporter.web.page": ("exporter.diagnosis",),
     "exporter.diagnosis": (
         "exporter.diagnosis",
         *READINGS,
@@ -70,16 +76,16 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
         "exporter.collectors.base",
         *READINGS,
         "exporter.snapshot",
-        "exporter.exposition",
+        "exporter.web.exposition",
     ),
-    "exporter.server": (
+    "exporter.web.server": (
         "exporter",
         "exporter.runner",
-        "exporter.exposition",
+        "exporter.web.exposition",
         "exporter.snapshot",
-        "exporter.diagnosis.routes",
+        "exporter.web.routes",
         "exporter.diagnosis.model",
-        "exporter.webconfig",
+        "exporter.web.webconfig",
         "exporter.config",
     ),
     # the fake library answers the field ids the NVML layer names (nvml.h constants)
@@ -87,8 +93,8 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     # the diagnosis of a past hour: the same frames and rules, fed from a TSDB, never NVML
     "exporter.tsdb": ("exporter.tsdb", "exporter.diagnosis", "exporter.gpu_specs"),
     # the HTTP server's limits know nothing of what it serves
-    "exporter.http_limits": (),
-    "exporter.per_snapshot": ("exporter.snapshot",),
+    "exporter.web.limits": (),
+    "exporter.web.per_snapshot": ("exporter.snapshot",),
     # a recording turned into scenario data: plain data, so it never needs the simulator
     "exporter.smi_profile": ("exporter.smi", "exporter.gpu_specs"),
 }

@@ -8,8 +8,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from exporter.cadence import Cadence
-from exporter.server import create_app
+from exporter.web.cadence import Cadence
+from exporter.web.server import create_app
 
 PROM = {"accept": "application/openmetrics-text;version=1.0.0", "accept-encoding": "gzip"}
 TWO_H100 = """

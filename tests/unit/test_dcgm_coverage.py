@@ -12,8 +12,8 @@ import pytest
 from exporter.dcgm.status import DcgmExporterTarget
 from exporter.diagnosis.coverage import RULE_SIGNALS, SIGNALS, blind_spots, page_section
 from exporter.diagnosis.frame import Frame
-from exporter.diagnosis.page import render_page
 from exporter.diagnosis.rules import RULES, RULES_BY_ID
+from exporter.web.page import render_page
 from tests.unit.test_diagnosis_builders import engine, frame, gpu, run_rule
 
 A100 = "NVIDIA A100-SXM4-80GB"

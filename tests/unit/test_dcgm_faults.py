@@ -15,8 +15,8 @@ import pytest
 from exporter.collectors.base import Context
 from exporter.collectors.dcgm import DcgmCollector, resolve
 from exporter.config import ConfigError, Settings
+from exporter.dcgm.location import LOCAL_URL, DcgmTarget
 from exporter.dcgm.status import DcgmExporters, DcgmExporterTarget
-from exporter.dcgm.targets import LOCAL_URL, DcgmTarget
 from exporter.gpu_readings import MetricSources, Power, Profiling
 from exporter.snapshot import Snapshot
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from exporter.dcgm.fields import BY_TARGET, FIELDS
-from exporter.dcgm.page import read_page
-from exporter.dcgm.targets import DcgmTargetError, normalize_url, pod_targets
+from exporter.dcgm.location import DcgmTargetError, normalize_url, pod_targets
+from exporter.dcgm.scrape import read_page
 from exporter.engines.fetch import parse
 from exporter.gpu_readings import Profiling
 from exporter.k8s.pods import PodInfo

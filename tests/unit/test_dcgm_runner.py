@@ -4,9 +4,9 @@ the collectors' names, and each GPU says which source gave each profiling metric
 from __future__ import annotations
 
 from exporter.collectors.base import Collector, Output
-from exporter.exposition import Exposure
 from exporter.gpu_readings import DeviceFacts, MetricSources, Power, Profiling
 from exporter.runner import Runner
+from exporter.web.exposition import Exposure
 
 SOURCES = Exposure.of("default", enabled=("llmgpu_gpu_metric_source",))  # full-profile family, on
 

@@ -21,10 +21,10 @@ from exporter import app
 from exporter.config import Settings
 from exporter.diagnosis import coverage
 from exporter.diagnosis.model import Diagnosis
-from exporter.diagnosis.page import render_page
 from exporter.gpu_readings import MetricSources, Profiling
 from exporter.sim.scenario import builtin_names, load_builtin, load_file
 from exporter.snapshot import Snapshot
+from exporter.web.page import render_page
 
 STEP_S = 10.0
 SCENARIOS = Path(__file__).resolve().parents[2] / "exporter" / "sim" / "scenarios"

@@ -3,9 +3,9 @@ on the page, in the JSON and in the terminal report, rather than a wall-clock ti
 
 from __future__ import annotations
 
-from exporter.diagnosis.page import render_page
 from exporter.diagnosis.report import render_text
-from exporter.diagnosis.routes import diagnosis_json
+from exporter.web.page import render_page
+from exporter.web.routes import diagnosis_json
 
 TWO_PHASES = """
 name: demo

@@ -11,11 +11,11 @@ from test_diagnosis_builders import engine, feed, frame, gpu
 
 from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.diagnosis.model import Diagnosis
-from exporter.diagnosis.page import render_page
 from exporter.diagnosis.report import exit_code, render_text
-from exporter.diagnosis.routes import router
-from exporter.exposition import render
 from exporter.snapshot import Snapshot
+from exporter.web.exposition import render
+from exporter.web.page import render_page
+from exporter.web.routes import router
 
 
 def hot_node() -> Diagnoser:

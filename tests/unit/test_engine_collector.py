@@ -19,10 +19,10 @@ from exporter.collectors.engines import EnginesCollector
 from exporter.config import Settings
 from exporter.engines import discovery
 from exporter.engines.readings import EngineGpus, Engines
-from exporter.exposition import render
 from exporter.k8s.pods import PodInfo
 from exporter.metricdef import metric_defs
 from exporter.snapshot import Snapshot
+from exporter.web.exposition import render
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = {

@@ -28,8 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.engines.readings import Engines, EngineTargetReading
 from exporter.engines.scraper import EngineScraper, ScrapeConfig
 from exporter.engines.targets import Target
-from exporter.exposition import render
 from exporter.snapshot import Snapshot
+from exporter.web.exposition import render
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD_PAGE = (ROOT / "tests" / "fixtures" / "vllm" / "vllm-0.32-cpu-loaded.txt").read_bytes()

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from exporter.engines import discovery, processes
+from exporter.engines import discovery, process_tree
 from exporter.engines.scraper import EngineScraper, ScrapeConfig
 from exporter.engines.targets import Target
 
@@ -91,7 +91,7 @@ def fake_vllm(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        tree = processes.tree(proc.pid)
+        tree = process_tree.tree(proc.pid)
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0 and len(tree) >= 3:
                 break
@@ -107,12 +107,13 @@ def fake_vllm(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
 
 
 def test_the_command_line_names_the_engine() -> None:
-    assert processes.engine_kind("/venv/bin/python -m vllm.entrypoints.openai.api_server --model x") == "vllm"
-    assert processes.engine_kind("/usr/bin/python3 /usr/local/bin/vllm serve meta-llama/x") == "vllm"
-    assert processes.engine_kind("python3 -m sglang.launch_server --model-path q") == "sglang"
-    assert processes.engine_kind("text-generation-router --port 80 --prometheus-port 9000") == "tgi"
-    assert processes.engine_kind("text-generation-launcher --model-id x") is None  # not the HTTP one
-    assert processes.engine_kind("python train.py --vllm-serve-compat") is None
+    kind = process_tree.engine_kind
+    assert kind("/venv/bin/python -m vllm.entrypoints.openai.api_server --model x") == "vllm"
+    assert process_tree.engine_kind("/usr/bin/python3 /usr/local/bin/vllm serve meta-llama/x") == "vllm"
+    assert process_tree.engine_kind("python3 -m sglang.launch_server --model-path q") == "sglang"
+    assert process_tree.engine_kind("text-generation-router --port 80 --prometheus-port 9000") == "tgi"
+    assert process_tree.engine_kind("text-generation-launcher --model-id x") is None  # not the HTTP one
+    assert process_tree.engine_kind("python train.py --vllm-serve-compat") is None
 
 
 def test_local_discovery_finds_the_server_its_port_and_its_tree(
@@ -123,10 +124,10 @@ def test_local_discovery_finds_the_server_its_port_and_its_tree(
     assert found == [
         Target(url=f"http://127.0.0.1:{port}/metrics", kind="vllm", source="process", root_pid=proc.pid)
     ]
-    roles = processes.tree(proc.pid)
+    roles = process_tree.tree(proc.pid)
     assert roles[proc.pid] == "api_server"
     assert sorted(r for r in roles.values() if r) == ["api_server", "engine_core", "worker"]
-    assert processes.listener_of(port) == proc.pid
+    assert process_tree.listener_of(port) == proc.pid
 
 
 def test_discovered_engine_is_scraped_with_its_pids_and_cpu_by_role(
@@ -192,7 +193,7 @@ def test_a_vanished_process_stays_a_target_reporting_down(
 
 
 def test_cpu_sampler_ignores_processes_without_a_role_and_dead_pids() -> None:
-    sampler = processes.CpuSampler()
+    sampler = process_tree.CpuSampler()
     me = os.getpid()
     assert sampler.sample({me: None, 4_000_000: "worker"}, 1.0) == {}
     assert sampler.sample({me: "api_server"}, 2.0) == {}  # the first sample has no interval
@@ -205,14 +206,14 @@ def test_cpu_sampler_ignores_processes_without_a_role_and_dead_pids() -> None:
 
 
 def test_cpulist_and_the_numa_map_from_sysfs(tmp_path: Path) -> None:
-    assert processes.parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
-    assert processes.parse_cpulist("") == set()
+    assert process_tree.parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert process_tree.parse_cpulist("") == set()
     for node, cpus in (("node0", "0-1"), ("node1", "2-3")):
         (tmp_path / node).mkdir()
         (tmp_path / node / "cpulist").write_text(cpus + "\n")
     (tmp_path / "online").write_text("0-1\n")  # not a node directory
-    assert processes.cpu_nodes(str(tmp_path)) == {0: 0, 1: 0, 2: 1, 3: 1}
-    assert processes.cpu_nodes(str(tmp_path / "missing")) == {}
+    assert process_tree.cpu_nodes(str(tmp_path)) == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert process_tree.cpu_nodes(str(tmp_path / "missing")) == {}
 
 
 def test_numa_nodes_of_the_gpu_driving_processes() -> None:
@@ -220,11 +221,11 @@ def test_numa_nodes_of_the_gpu_driving_processes() -> None:
     allowed = sorted(psutil.Process(me).cpu_affinity() or [])
     # pretend every CPU we may run on is on node 1, the others on node 0
     nodes = {cpu: 1 if cpu in allowed else 0 for cpu in range(max(allowed) + 2)}
-    assert processes.numa_nodes({me: "worker", 1: "api_server"}, nodes) == (1,)
-    assert processes.numa_nodes({me: "api_server"}, nodes) == (1,)  # no worker: any role
-    assert processes.numa_nodes({me: None}, nodes) is None
-    assert processes.numa_nodes({4_000_000: "worker"}, nodes) is None  # not a real process
-    assert processes.numa_nodes({me: "worker"}, {}) is None  # no NUMA topology known
+    assert process_tree.numa_nodes({me: "worker", 1: "api_server"}, nodes) == (1,)
+    assert process_tree.numa_nodes({me: "api_server"}, nodes) == (1,)  # no worker: any role
+    assert process_tree.numa_nodes({me: None}, nodes) is None
+    assert process_tree.numa_nodes({4_000_000: "worker"}, nodes) is None  # not a real process
+    assert process_tree.numa_nodes({me: "worker"}, {}) is None  # no NUMA topology known
 
 
 def test_the_target_reading_carries_the_engines_numa_nodes(
@@ -234,9 +235,9 @@ def test_the_target_reading_carries_the_engines_numa_nodes(
     scraper = EngineScraper(ScrapeConfig(), [Target(url=f"http://127.0.0.1:{port}/metrics")])
     scraper.refresh()
     (t,) = scraper.readings().targets
-    if not processes.cpu_nodes():
+    if not process_tree.cpu_nodes():
         assert t.cpu_numa_nodes is None
         return
     affinity = set(psutil.Process(proc.pid).cpu_affinity() or [])
-    nodes = processes.cpu_nodes()
+    nodes = process_tree.cpu_nodes()
     assert t.cpu_numa_nodes == tuple(sorted({nodes[c] for c in affinity if c in nodes}))

@@ -12,10 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import app, catalog
 from exporter.config import Settings
-from exporter.exposition import EVERYTHING, render
 from exporter.metricdef import Histogram, MetricDef, samples
 from exporter.sim.scenario import builtin_names
 from exporter.snapshot import Snapshot
+from exporter.web.exposition import EVERYTHING, render
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gzip
 import threading
 
-from exporter.exposition import EVERYTHING, Rendered, render
+from exporter.web.exposition import EVERYTHING, Rendered, render
 
 TWO_H100 = """
 gpus: {count: 2, model: H100-80GB-SXM}

@@ -152,7 +152,7 @@ def test_an_event_no_gpu_is_known_for_is_counted(sim) -> None:  # type: ignore[n
 
 
 def _nvlink_slot(s):  # type: ignore[no-untyped-def]
-    from exporter.collectors.interconnect import NvLinkCollector
+    from exporter.collectors.nvlink import NvLinkCollector
 
     return next(sl for sl in s.runner._slots if isinstance(sl.collector, NvLinkCollector))
 
@@ -191,7 +191,7 @@ def _field_ids(slot, runner):  # type: ignore[no-untyped-def]
 
 
 def test_nvlink_bytes_are_the_drivers_all_link_sums_when_links_are_not_exposed(sim) -> None:  # type: ignore[no-untyped-def]
-    from exporter.collectors.interconnect import SUMS
+    from exporter.collectors.nvlink import SUMS
     from exporter.nvml import SCOPE_ALL_LINKS
 
     full = sim(scenario(), metric_profile="full").at(40).gpu(0).get(NvLink)
@@ -210,7 +210,7 @@ def test_nvlink_bytes_are_the_drivers_all_link_sums_when_links_are_not_exposed(s
 
 
 def test_a_driver_refusing_the_all_link_scope_gets_the_links_summed(sim, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from exporter.collectors.interconnect import SUMS
+    from exporter.collectors.nvlink import SUMS
     from exporter.nvml import SCOPE_ALL_LINKS
 
     real = fakenvml.FakeLibrary._field

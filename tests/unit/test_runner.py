@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from exporter.collectors.base import Collector, Output
-from exporter.exposition import Exposure
 from exporter.gpu_readings import Power, Utilization
 from exporter.runner import Runner
+from exporter.web.exposition import Exposure
 
 HANG = """
 gpus: {count: 2, model: H100-80GB-SXM}

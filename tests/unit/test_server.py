@@ -19,10 +19,9 @@ import pytest
 from fastapi.testclient import TestClient
 from tls_pki import free_port, live_server, make_pki
 
-from exporter import webconfig
 from exporter.config import ConfigError
-from exporter.diagnosis.routes import DiagnosisBytes
-from exporter.http_limits import (
+from exporter.web import webconfig
+from exporter.web.limits import (
     EVICT_AFTER_S,
     SEND_BUFFER_BYTES,
     SLICE_BYTES,
@@ -30,7 +29,8 @@ from exporter.http_limits import (
     build_server,
     pool_stats,
 )
-from exporter.server import create_app
+from exporter.web.routes import DiagnosisBytes
+from exporter.web.server import create_app
 
 SCENARIO = """
 gpus: {count: 2, model: H100-80GB-SXM}

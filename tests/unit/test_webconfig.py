@@ -11,9 +11,9 @@ import httpx
 import pytest
 from tls_pki import live_server, make_pki
 
-from exporter import webconfig
 from exporter.config import ConfigError
-from exporter.server import create_app
+from exporter.web import webconfig
+from exporter.web.server import create_app
 
 SCENARIO = """
 gpus: {count: 1, model: H100-80GB-SXM}

@@ -11,8 +11,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from exporter import webconfig
-from exporter.http_limits import LimitedServer, ServerLimits, build_server
+from exporter.web import webconfig
+from exporter.web.limits import LimitedServer, ServerLimits, build_server
 
 
 def _openssl(*args: str) -> None:

@@ -13,7 +13,7 @@ from html import escape
 from typing import Any
 
 from exporter.diagnosis import coverage
-from exporter.diagnosis.fmt import duration, value_text
+from exporter.diagnosis.fmt import duration, simulation_line, value_text
 from exporter.diagnosis.frame import short_target
 
 REFRESH_S = 10
@@ -150,16 +150,6 @@ def _header(d: Mapping[str, Any], status: str) -> str:
         "<span class='right meta'><label>"
         "<input type='checkbox' id='auto' checked> auto-refresh</label></span>"
         "</header>"
-    )
-
-
-def simulation_line(s: Mapping[str, Any]) -> str:
-    """'scenario kv-pressure, phase long-prompts: 4 min 10 s of 10 min (42 %), at 10x'."""
-    t, total = float(s.get("scenario_seconds", 0.0)), float(s.get("duration_seconds", 0.0))
-    ended = " (ended: its last values hold)" if total and t >= total else ""
-    return (
-        f"scenario {s.get('scenario')}, phase {s.get('phase')}: {duration(t)} of {duration(total)} "
-        f"({float(s.get('progress', 0.0)) * 100:.0f} %){ended}, at {float(s.get('speed', 1.0)):g}x"
     )
 
 

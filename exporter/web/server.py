@@ -11,13 +11,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from exporter import __version__
-from exporter.diagnosis.routes import DiagnosisBytes
-from exporter.diagnosis.routes import router as diagnosis_router
-from exporter.exposition import OPENMETRICS, TEXT
-from exporter.per_snapshot import PerSnapshot
 from exporter.runner import Runner
 from exporter.snapshot import Snapshot
-from exporter.webconfig import AuthMiddleware, HeadersMiddleware, WebConfig
+from exporter.web.exposition import OPENMETRICS, TEXT
+from exporter.web.per_snapshot import PerSnapshot
+from exporter.web.routes import DiagnosisBytes
+from exporter.web.routes import router as diagnosis_router
+from exporter.web.webconfig import AuthMiddleware, HeadersMiddleware, WebConfig
 
 
 def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:

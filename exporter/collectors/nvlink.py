@@ -1,12 +1,11 @@
-"""PCIe and NVLink: cumulative byte counters from field values, replays, link state, errors.
+"""NVLink: link state, byte counters and error counters, from field values.
 
-nvmlDeviceGetPcieThroughput is never called: it blocks about 20 ms per call. NVLink is
-read in one field-values call per GPU: the link count once, then each run the byte
-counters and, every SLOW_EVERY runs, link state and error counters (fields with
-scopeId = link). The byte counters are the all-links sums (scopeId UINT_MAX) unless the
-per-link ones are exposed (the full profile) or the driver refuses the sum. Only what
-the driver refuses as a field falls back to the per-link functions (older drivers; data
-CRC past link 11, which has no field id).
+One field-values call per GPU: the link count once, then each run the byte counters
+and, every SLOW_EVERY runs, link state and error counters (fields with scopeId = link).
+The byte counters are the all-links sums (scopeId UINT_MAX) unless the per-link ones
+are exposed (the full profile) or the driver refuses the sum. Only what the driver
+refuses as a field falls back to the per-link functions (older drivers; data CRC past
+link 11, which has no field id).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import Any
 
 from exporter.collectors.base import Context, register
 from exporter.collectors.gpu import GpuCollector
-from exporter.gpu_readings import NvLink, NvLinkPort, Pcie
+from exporter.gpu_readings import NvLink, NvLinkPort
 from exporter.nvml import (
     FI_NVLINK_CRC_DATA_ERROR_COUNT,
     FI_NVLINK_ERROR_DL_CRC,
@@ -26,15 +25,11 @@ from exporter.nvml import (
     FI_NVLINK_LINK_COUNT,
     FI_NVLINK_THROUGHPUT_DATA_RX,
     FI_NVLINK_THROUGHPUT_DATA_TX,
-    FI_PCIE_COUNT_RX_BYTES,
-    FI_PCIE_COUNT_TX_BYTES,
-    FI_PCIE_REPLAY_COUNTER,
     SCOPE_ALL_LINKS,
     NvmlError,
 )
 from exporter.nvml import const as N
 
-PCIE_FIELDS = [(FI_PCIE_COUNT_TX_BYTES, 0), (FI_PCIE_COUNT_RX_BYTES, 0), (FI_PCIE_REPLAY_COUNTER, 0)]
 # error type label -> (link-scoped field id, nvmlDeviceGetNvLinkErrorCounter counter)
 NVLINK_ERRORS = {
     "replay": (FI_NVLINK_ERROR_DL_REPLAY, N.NVML_NVLINK_ERROR_DL_REPLAY),
@@ -48,26 +43,6 @@ BYTES = (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX)
 SUMS = [(fid, SCOPE_ALL_LINKS) for fid in BYTES]
 
 Health = tuple[int | None, dict[str, int] | None]
-
-
-class PcieCollector(GpuCollector):
-    name = "pcie"
-
-    def read(self, index: int, h: Any) -> Pcie:
-        f = self.field_values(h, PCIE_FIELDS)
-        q = self.query
-
-        def get(i: int) -> int | None:
-            v = f.get(PCIE_FIELDS[i])
-            return int(v) if v is not None else None
-
-        return Pcie(
-            tx_bytes=get(0),
-            rx_bytes=get(1),
-            replays=get(2),
-            link_generation=self.held(index, "gen", lambda: q(N.nvmlDeviceGetCurrPcieLinkGeneration, h)),
-            link_width=self.held(index, "width", lambda: q(N.nvmlDeviceGetCurrPcieLinkWidth, h)),
-        )
 
 
 def _health_fields(link: int) -> list[tuple[int, int]]:
@@ -183,11 +158,6 @@ class NvLinkCollector(GpuCollector):
 
 def _bytes(kib: float | None) -> int | None:
     return int(kib * 1024) if kib is not None else None
-
-
-@register("pcie", "PCIe byte counters, replays and link generation/width", nvml=True)
-def _pcie(ctx: Context) -> PcieCollector:
-    return PcieCollector(ctx)
 
 
 @register("nvlink", "NVLink state, byte counters and error counters per link", nvml=True)

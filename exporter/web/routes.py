@@ -1,6 +1,6 @@
 """HTTP routes of the diagnosis: the page at / and its JSON at /api/v1/diagnosis.
 
-Both are rendered once per snapshot, on the first request for it (exporter.per_snapshot),
+Both are rendered once per snapshot, on the first request for it (exporter.web.per_snapshot),
 so a client polling them as fast as it can costs a lookup per request, not a render.
 """
 
@@ -14,9 +14,9 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from exporter.diagnosis.model import Diagnosis
-from exporter.diagnosis.page import render_page
-from exporter.per_snapshot import PerSnapshot
 from exporter.snapshot import Simulation, Snapshot
+from exporter.web.page import render_page
+from exporter.web.per_snapshot import PerSnapshot
 
 NO_STORE = {"Cache-Control": "no-store"}
 HTML = "text/html; charset=utf-8"

@@ -1,0 +1,1 @@
+"""The HTTP side: exposition bytes, the server and its limits, routes, the page, web-config."""
