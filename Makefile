@@ -42,11 +42,10 @@ test: test-deps system-deps vllm-env lint typecheck
 unit: test-deps
 	$(BIN)/pytest -q -m "not system and not integration and not e2e" tests/unit alerts/tests
 
-# Regenerate every generated block: the metric catalog, the diagnosis and scenario
-# tables, the dashboards' JSON and their panel reference.
+# Regenerate every generated part: the metric catalog, the diagnosis, scenario, settings
+# and layer tables, the dashboards' JSON and their panel reference.
 docs: test-deps
-	$(BIN)/python -m exporter.catalog > docs/metrics.md
-	$(BIN)/python -m exporter.diagnosis.docs
+	$(BIN)/python -m exporter.docgen
 	$(BIN)/python -m dashboards.generate
 
 lint: test-deps

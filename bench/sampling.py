@@ -194,16 +194,16 @@ def history_growth(scenario_file: str, budget_s: float) -> dict[str, Any]:
     _repo_on_path()
     import uvicorn  # noqa: F401 - what `serve` has loaded before it samples anything
 
-    from exporter import app
     from exporter.config import load
     from exporter.diagnosis.diagnoser import Diagnoser
     from exporter.diagnosis.history import DENSE_S, SPARSE_STEP_S
+    from exporter.sim import node
     from exporter.web import server  # noqa: F401
 
     imports = _rss_kib()
     settings = load({"scenario_file": scenario_file, "interval": 1.0}, None)
-    clock = app.ManualClock()
-    exporter = app.build(settings, scenario_clock=clock)
+    clock = node.ManualClock()
+    exporter = node.build(settings, clock)
     runner = exporter.runner
     diagnosers = [e for e in runner.enrichers if isinstance(e, Diagnoser)]
     fast = [slot for slot in runner._slots if slot.collector.interval_s <= settings.interval]

@@ -1,9 +1,7 @@
-"""The metric catalog (docs/metrics.md), generated from the reading declarations.
+"""Every metric family the package declares, found by walking its reading classes.
 
-    python -m exporter.catalog > docs/metrics.md
-
-A test regenerates it and fails when the committed file differs, and checks that a
-full scrape exposes nothing the catalog does not list.
+docs/metrics.md is written from it (exporter.docgen); a test checks that a full scrape
+exposes nothing it does not list.
 """
 
 from __future__ import annotations
@@ -11,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
-import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -21,23 +18,6 @@ from exporter.metricdef import MetricDef
 from exporter.snapshot import CollectorStatus, ExporterInfo, GpuUp
 
 GPU_LABELS = ("gpu", "uuid")
-# Which GPUs provide each family; everything else works on every NVIDIA data-center GPU.
-SUPPORT = {
-    "gpm": "Hopper and later through NVML GPM; Volta and later data-center parts (A100, A10, L4, "
-    "L40S) through a co-located dcgm-exporter; absent elsewhere",
-    "sources": "where the profiling family is present",
-    "nvlink": "GPUs with NVLink (SXM A100/H100/H200, B200)",
-    "mig": "A100, A30, H100, H200, B200 (MIG-capable)",
-    "ecc": "GPUs with ECC memory",
-}
-# Metrics whose support is narrower than their family's.
-METRIC_SUPPORT = {
-    "llmgpu_gpu_memory_temperature_celsius": "HBM parts only (A100, H100, H200, B200)",
-    "llmgpu_gpu_clock_event_seconds_total": "all, from driver 535 on",
-    "llmgpu_gpu_remapped_rows": "ECC parts from A100 on (row remapping)",
-    "llmgpu_gpu_row_remap_pending": "ECC parts from A100 on (row remapping)",
-    "llmgpu_gpu_row_remap_failed": "ECC parts from A100 on (row remapping)",
-}
 SKIP_PACKAGES = ("exporter.probe.plugin",)  # runs inside engines; declares no metric
 
 
@@ -117,51 +97,3 @@ def rows(extra: Iterable[type] = ()) -> list[Row]:
 
 def names() -> set[str]:
     return {m.name for m, _, _ in rows()}
-
-
-def _unit(name: str) -> str:
-    for suffix in ("bytes_per_second", "bytes", "seconds", "watts", "joules", "hertz", "celsius", "ratio"):
-        if re.search(rf"_{suffix}(_total)?$", name):
-            return suffix.replace("_per_", "/")
-    return "info" if name.endswith("_info") else "count"
-
-
-def _source(help_text: str) -> str:
-    match = re.search(r"\(([^()]*)\)\s*$", help_text)
-    return match.group(1) if match else "exporter"
-
-
-def markdown() -> str:
-    lines = [
-        "# Metric catalog",
-        "",
-        "Every series the exporter can expose, generated from the declarations in the code",
-        "(`python -m exporter.catalog > docs/metrics.md`; a test keeps it current).",
-        "A metric a GPU or engine cannot provide is absent, never zero;",
-        "`llmgpu_gpu_metric_supported{family}` says which families each GPU provides.",
-        "GPU series also carry `namespace`, `pod` and `container` when pod attribution is on.",
-        "",
-        "Profile: `default` families are exposed unless switched off (`metric_profile: default`,",
-        "the setting's default); `full` families only with `metric_profile: full` or when named",
-        "in `metrics_enabled` (`--metric NAME`). `metrics_disabled` (`--no-metric NAME`) leaves",
-        "any family out. The diagnosis reads every reading whatever the profile.",
-        "",
-        "| name | type | labels | unit | source | GPUs | profile |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for metric, labels, family in rows():
-        help_text = metric.help.replace("|", "/")
-        description = re.sub(r"\s*\([^()]*\)\s*$", "", help_text)
-        support = ""
-        if metric.name.startswith("llmgpu_gpu_"):
-            support = METRIC_SUPPORT.get(metric.name) or SUPPORT.get(family, "all")
-        label_list = ", ".join(f"`{x}`" for x in labels)
-        lines.append(
-            f"| `{metric.name}` | {metric.kind} | {label_list} | {_unit(metric.name)} "
-            f"| {_source(help_text)} — {description} | {support} | {metric.profile} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    print(markdown(), end="")

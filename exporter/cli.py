@@ -349,7 +349,9 @@ def diagnose(settings: Settings, args: argparse.Namespace) -> int:
             except TimeError as err:
                 print(f"llm-gpu-exporter: --step: {err}", file=sys.stderr)
                 return EXIT_USAGE
-            *_, last = app.simulate(settings, step_s=step)
+            from exporter.sim import node
+
+            *_, last = node.play(settings, step_s=step)
         else:
             exporter = app.build(settings)
             try:

@@ -10,12 +10,13 @@ import pytest
 
 from exporter import app
 from exporter.config import Settings
+from exporter.sim import node
 
 
 class Sim:
     """An exporter over a scenario whose clock the test moves."""
 
-    def __init__(self, exporter: app.Exporter, clock: app.ManualClock) -> None:
+    def __init__(self, exporter: app.Exporter, clock: node.ManualClock) -> None:
         self.exporter = exporter
         self.clock = clock
         self.runner = exporter.runner
@@ -39,8 +40,8 @@ def sim(tmp_path: Path) -> Iterator[object]:
         path.write_text(textwrap.dedent(scenario))
         defaults: dict[str, object] = {"collectors_disabled": ("engines", "allocator")}
         s = Settings(scenario_file=str(path), **{**defaults, **settings})  # type: ignore[arg-type]
-        clock = app.ManualClock()
-        made.append(Sim(app.build(s, scenario_clock=clock), clock))
+        clock = node.ManualClock()
+        made.append(Sim(node.build(s, clock), clock))
         return made[-1]
 
     yield make

@@ -17,11 +17,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import app
 from exporter.config import Settings
 from exporter.diagnosis import coverage
 from exporter.diagnosis.model import Diagnosis
 from exporter.gpu_readings import MetricSources, Profiling
+from exporter.sim import node
 from exporter.sim.scenario import builtin_names, load_builtin, load_file
 from exporter.snapshot import Snapshot
 from exporter.web.page import render_page
@@ -52,14 +52,14 @@ class Played:
 
 def play(path: Path) -> Played:
     scenario = load_file(path)
-    clock = app.ManualClock()
-    exporter = app.build(
+    clock = node.ManualClock()
+    exporter = node.build(
         Settings(
             scenario_file=str(path),
             collectors_disabled=("allocator",),
             metrics_enabled=("llmgpu_gpu_metric_source",),  # which source gave each metric
         ),
-        scenario_clock=clock,
+        clock,
     )
     out = Played()
     times = sorted(

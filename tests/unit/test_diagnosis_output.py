@@ -131,12 +131,6 @@ def test_diagnosis_reading_exports_nothing_itself() -> None:
     assert "llmgpu_diagnosis" not in render(snap).text.decode()
 
 
-def test_docs_generated_blocks_are_current() -> None:
-    from exporter.diagnosis.docs import main
-
-    assert main(["--check"]) == 0, "run: python -m exporter.diagnosis.docs"
-
-
 def test_gpu_ranges_in_the_report() -> None:
     from exporter.diagnosis.report import ranges
 

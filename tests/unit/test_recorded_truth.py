@@ -22,9 +22,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import app, cli, smi
+from exporter import cli, smi
 from exporter.config import Settings
 from exporter.gpu_readings import Clocks, DeviceFacts, Ecc, Memory, Pcie, Power, Processes, Utilization
+from exporter.sim import node
 from exporter.sim.scenario import ScenarioError, load_file
 from exporter.smi_compare import THROTTLE_REASONS, compare
 from exporter.smi_profile import scenario_of
@@ -71,12 +72,12 @@ def play(
     """The exporter on the recording's scenario: two full samples, one second apart."""
     path = where / f"{name}.yaml"
     path.write_text(yaml.safe_dump(scenario_of(log, processes, name)))
-    clock = app.ManualClock()
+    clock = node.ManualClock()
     # the full profile: every family nvidia-smi recorded is exposed, not only the default budget
     settings = Settings(
         scenario_file=str(path), collectors_disabled=("engines", "allocator"), metric_profile="full"
     )
-    exporter = app.build(settings, scenario_clock=clock)
+    exporter = node.build(settings, clock)
     try:
         first = exporter.runner.step().snapshot
         clock.t = 1.0

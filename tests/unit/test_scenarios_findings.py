@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from exporter import app
 from exporter.config import Settings
 from exporter.diagnosis.model import Diagnosis
 from exporter.diagnosis.rules import RULES_BY_ID
+from exporter.sim import node
 from exporter.sim.probes import probed_engines
 from exporter.sim.scenario import Scenario, builtin_names, load_builtin
 from exporter.snapshot import Snapshot
@@ -59,11 +59,11 @@ def sample_times(scenario: Scenario, step_s: float) -> list[float]:
 def snapshots(name: str, step_s: float) -> Iterator[Snapshot]:
     """The scenario played to its end on a manual clock, one full cycle per sample time."""
     scenario = load_builtin(name)
-    clock = app.ManualClock()
+    clock = node.ManualClock()
     # the allocator collector reads the simulator's own probe directory where the scenario
     # has probes; elsewhere it is off, so that no probe file of the host can join in
     off = () if probed_engines(scenario) else ("allocator",)
-    exporter = app.build(Settings(simulate=name, collectors_disabled=off), scenario_clock=clock)
+    exporter = node.build(Settings(simulate=name, collectors_disabled=off), clock)
     try:
         for t in sample_times(scenario, step_s):
             clock.t = t

@@ -11,7 +11,7 @@ import pytest
 
 from exporter.probe.reader import scan_probe_dir
 from exporter.probe.schema import SCHEMA_VERSION, ProbeReport, file_name
-from exporter.sim import fakenvml
+from exporter.sim import fakenvml, node
 from exporter.sim.probes import SCHEMA_VERSION as SIM_SCHEMA_VERSION
 from exporter.sim.probes import SimProbes, gpu_uuid, probed_engines
 from exporter.sim.scenario import Timeline, load_builtin, parse
@@ -99,14 +99,13 @@ def test_probe_uuids_are_the_fake_nvml_ones() -> None:
 
 
 def test_a_simulation_reads_its_own_probe_directory(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from exporter import app
     from exporter.allocator_readings import AllocatorProbes
     from exporter.config import Settings
 
-    clock = app.ManualClock()
-    ex = app.build(Settings(simulate="fragmented-allocator", probe_dir=str(tmp_path)), scenario_clock=clock)
+    clock = node.ManualClock()
+    ex = node.build(Settings(simulate="fragmented-allocator", probe_dir=str(tmp_path)), clock)
     try:
-        assert ex.probes is not None and ex.probes.directory != str(tmp_path)
+        assert ex.environment.settings.probe_dir != str(tmp_path)
         clock.t = 300.0
         snap = ex.step()
         probes = snap.get(AllocatorProbes)
@@ -115,4 +114,4 @@ def test_a_simulation_reads_its_own_probe_directory(tmp_path) -> None:  # type: 
         assert all(p.largest_free_block_bytes == 260_000_000 for p in probes.processes)
     finally:
         ex.close()
-    assert not os.path.exists(ex.probes.directory)
+    assert not os.path.exists(ex.environment.settings.probe_dir)

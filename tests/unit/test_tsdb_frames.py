@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import app
 from exporter.config import Settings
 from exporter.diagnosis.frame import EngineFrame, Frame, frame_of
+from exporter.sim import node
 from exporter.sim.scenario import builtin_names, load_builtin
 from exporter.snapshot import Snapshot
 from exporter.tsdb.families import FAMILIES
@@ -32,8 +32,8 @@ STEP_S = 60.0  # scenario seconds between cycles: every phase is seen
 
 def played(name: str, step_s: float = STEP_S) -> Iterator[tuple[Snapshot, bytes]]:
     scenario = load_builtin(name)
-    clock = app.ManualClock()
-    exporter = app.build(Settings(simulate=name), scenario_clock=clock)
+    clock = node.ManualClock()
+    exporter = node.build(Settings(simulate=name), clock)
     try:
         t = 0.0
         while t <= scenario.duration:

@@ -1,19 +1,11 @@
-"""Generated parts of docs/diagnosis.md, docs/scenarios.md and the README's settings table.
-
-`python -m exporter.diagnosis.docs` rewrites the blocks between
-`<!-- BEGIN generated:NAME -->` and `<!-- END generated:NAME -->`; `--check` fails when
-a block is stale (the unit tests run the check).
-"""
+"""Tables of the rules, thresholds, scenarios and settings, made from their declarations."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import io
 import re
-import sys
 import tokenize
-from collections.abc import Callable
 from pathlib import Path
 
 from exporter.diagnosis import thresholds as thresholds_module
@@ -22,7 +14,6 @@ from exporter.diagnosis.rules import RULES
 from exporter.diagnosis.thresholds import DEFAULT, GIB, Thresholds
 from exporter.sim.scenario import builtin_names, load_builtin
 
-ROOT = Path(__file__).resolve().parents[2]
 SCOPES = {"gpu": "GPU", "engine": "engine", "gpu_engine": "GPU x engine"}
 _NAME = re.compile(r"\b([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b")
 
@@ -172,55 +163,3 @@ def settings_table() -> str:
         )
         rows.append(f"| `{name}` | `{flag}` | {default} | {_cell(str(f.description))} |")
     return "\n".join(rows)
-
-
-BLOCKS = {
-    "docs/diagnosis.md": {
-        "rules": rule_table,
-        "thresholds": threshold_table,
-        "scenarios": scenario_table,
-    },
-    "docs/scenarios.md": {"scenarios": scenario_table, "matrix": matrix},
-    "README.md": {"settings": settings_table},
-}
-
-
-def _replacer(body: str) -> Callable[[re.Match[str]], str]:
-    return lambda m: m.group(1) + body + "\n" + m.group(2)
-
-
-def update(text: str, blocks: dict[str, str]) -> str:
-    for name, body in blocks.items():
-        pattern = re.compile(
-            rf"(<!-- BEGIN generated:{name} -->\n).*?(<!-- END generated:{name} -->)", re.DOTALL
-        )
-        if not pattern.search(text):
-            raise ValueError(f"no generated:{name} block")
-        text = pattern.sub(_replacer(body), text)
-    return text
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--check", action="store_true", help="fail when a generated block is stale")
-    args = p.parse_args(argv)
-    stale = []
-    for rel, makers in BLOCKS.items():
-        path = ROOT / rel
-        old = path.read_text()
-        new = update(old, {name: make() for name, make in makers.items()})
-        if new != old:
-            stale.append(rel)
-            if not args.check:
-                path.write_text(new)
-    if args.check and stale:
-        print(
-            f"stale generated blocks in {', '.join(stale)}: run python -m exporter.diagnosis.docs",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
