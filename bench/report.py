@@ -77,7 +77,7 @@ def machine_section(d: Doc, meta: dict[str, Any], with_ref: bool) -> None:
         "tails most of all. Compare the two exporters within this run rather than with another run."
     )
     d(
-        "- Both exporters read the simulator's fake NVML library (`exporter/sim/fakenvml.py`) "
+        "- Both exporters read the simulator's fake NVML library (`exporter/sim/fakenvml/`) "
         f"through nvidia-ml-py {meta['versions']['nvidia-ml-py']}."
     )
     vers = ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if k != "nvidia-ml-py")

@@ -78,7 +78,7 @@ HOSTNAME = "sim-node"
 
 
 def sim_uuid(scenario: str, index: int) -> str:
-    """The UUID the fake NVML gives GPU `index` of a scenario (fakenvml.FakeLibrary.uuids)."""
+    """The UUID the fake NVML gives GPU `index` of a scenario (fakenvml.device.gpu_uuids)."""
     return f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'{scenario}/{index}')}"
 
 

@@ -33,7 +33,7 @@ INTERVAL_S = 5.0  # the real probe's default interval
 
 
 def gpu_uuid(scenario: Scenario, index: int) -> str:
-    """The UUID the fake NVML gives GPU `index` (exporter/sim/fakenvml.py)."""
+    """The UUID the fake NVML gives GPU `index` (exporter/sim/fakenvml/device.py gpu_uuids)."""
     return f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'{scenario.name}/{index}')}"
 
 

@@ -1,0 +1,90 @@
+# mypy: disable-error-code="no-any-return"
+"""The fake NVML library's NVLink area: each link's state and error counters, and the
+link-scoped field ids (throughput, state, errors) with the all-link sums.
+
+A part's links are `GpuModel.nvlinks`; a PCIe-only part refuses every NVLink query.
+Traffic and errors are the whole GPU's timeline rates spread evenly over its links.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pynvml as N
+
+from exporter.nvml import (
+    FI_NVLINK_CRC_DATA_ERROR_COUNT,
+    FI_NVLINK_ERROR_DL_CRC,
+    FI_NVLINK_ERROR_DL_RECOVERY,
+    FI_NVLINK_ERROR_DL_REPLAY,
+    FI_NVLINK_GET_STATE,
+    FI_NVLINK_LINK_COUNT,
+    FI_NVLINK_THROUGHPUT_DATA_RX,
+    FI_NVLINK_THROUGHPUT_DATA_TX,
+    SCOPE_ALL_LINKS,
+)
+from exporter.sim.fakenvml.abi import NOT_SUPPORTED, OK, Library, field, out, symbol, val
+
+THROUGHPUT = {FI_NVLINK_THROUGHPUT_DATA_TX: "nvlink_tx_bps", FI_NVLINK_THROUGHPUT_DATA_RX: "nvlink_rx_bps"}
+
+
+def flit_crc_errors(lib: Library, g: int) -> int:
+    """Flit CRC errors of one link: the scenario's rate spread over the links."""
+    return int(lib.t.gpu_integral(g, "nvlink_error_rate") / max(1, lib.model.nvlinks))
+
+
+def _no_such_link(lib: Library, link: Any) -> int | None:
+    """The status for a link the part does not have, or None for one it has."""
+    if val(link) < lib.model.nvlinks:
+        return None
+    return NOT_SUPPORTED if lib.model.nvlinks == 0 else N.NVML_ERROR_INVALID_ARGUMENT
+
+
+@symbol("nvmlDeviceGetNvLinkState")
+def link_state(lib: Library, h: Any, link: Any, ref: Any) -> int:
+    if (refused := _no_such_link(lib, link)) is not None:
+        return refused
+    out(ref).value = 1
+    return OK
+
+
+@symbol("nvmlDeviceGetNvLinkErrorCounter")
+def error_counter(lib: Library, h: Any, link: Any, counter: Any, ref: Any) -> int:
+    g = lib.gpu_of(h)
+    if (refused := _no_such_link(lib, link)) is not None:
+        return refused
+    crc = val(counter) == N.NVML_NVLINK_ERROR_DL_CRC_FLIT
+    out(ref).value = flit_crc_errors(lib, g) if crc else 0
+    return OK
+
+
+@field(FI_NVLINK_LINK_COUNT)
+def link_count(lib: Library, g: int, fid: int, scope: int) -> float | None:
+    links = lib.model.nvlinks
+    return links if links else None  # PCIe-only parts refuse the field
+
+
+@field(*THROUGHPUT)
+def throughput_kib(lib: Library, g: int, fid: int, scope: int) -> float | None:
+    links = lib.model.nvlinks
+    if scope >= links and not (scope == SCOPE_ALL_LINKS and links):
+        return None
+    share = 1 if scope == SCOPE_ALL_LINKS else links  # UINT_MAX: the sum over links
+    return lib.t.gpu_integral(g, THROUGHPUT[fid]) / share / 1024
+
+
+@field(FI_NVLINK_GET_STATE)
+def state_field(lib: Library, g: int, fid: int, scope: int) -> float | None:
+    return 1 if scope < lib.model.nvlinks else None
+
+
+@field(FI_NVLINK_ERROR_DL_REPLAY, FI_NVLINK_ERROR_DL_RECOVERY, FI_NVLINK_ERROR_DL_CRC)
+def link_errors(lib: Library, g: int, fid: int, scope: int) -> float | None:
+    if scope >= lib.model.nvlinks:
+        return None
+    return flit_crc_errors(lib, g) if fid == FI_NVLINK_ERROR_DL_CRC else 0
+
+
+@field(FI_NVLINK_CRC_DATA_ERROR_COUNT)  # one id per link: the link is in the id
+def data_crc_errors(lib: Library, g: int, fid: int, scope: int) -> float | None:
+    return 0 if FI_NVLINK_CRC_DATA_ERROR_COUNT.index(fid) < lib.model.nvlinks else None
