@@ -562,3 +562,27 @@ def test_the_exporter_serves_on_while_an_engine_sends_bombs(sim, bombs) -> None:
         for f in fam.samples
     }
     assert errors[(stacked, "bad_encoding")] >= 2 and errors[(single, "too_large")] >= 2, errors
+
+
+def test_two_engines_behind_one_host_port_have_labels_of_their_own() -> None:
+    """A gateway that serves two engines at two paths of one port: each target is labelled
+    with its path, so no series is written twice; one at /metrics keeps host:port."""
+    server = Server(good)
+    base = f"http://127.0.0.1:{server.port}"
+    targets = [Target(url=base + "/metrics", kind="vllm"), Target(url=base + "/b/metrics", kind="vllm")]
+    scraper = EngineScraper(ScrapeConfig(timeout_s=5.0), targets)
+    try:
+        scraper.refresh()
+    finally:
+        server.stop()
+    text = render(Snapshot(taken_at=0.0, node={Engines: (scraper.readings(),)})).text.decode()
+    samples = [
+        (s.name, tuple(sorted(s.labels.items())))
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name.startswith("llmgpu_engine")
+    ]
+    assert len(samples) == len(set(samples)), "a series written twice"
+    names = [t.name for t in targets]
+    assert names == [f"127.0.0.1:{server.port}", f"127.0.0.1:{server.port}/b/metrics"]
+    assert all(r is not None and r.up for r in map(scraper.readings().target, names))
