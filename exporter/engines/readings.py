@@ -277,6 +277,10 @@ class EngineTargetReading:
     series_count: int | None = gauge(
         "llmgpu_engine_series", "Samples on the engine's /metrics page at the last good scrape"
     )
+    dropped_models: int | None = gauge(
+        "llmgpu_engine_dropped_models",
+        "Models on the engine's last good page past engine_max_models, left out (0: none)",
+    )
     processes: tuple[ProcessCpu, ...] = nested(ProcessCpu)
     series: tuple[EngineSeries, ...] = nested(EngineSeries)
     # the engine's own limits, where its target declares them (vLLM reports neither)

@@ -586,3 +586,25 @@ def test_two_engines_behind_one_host_port_have_labels_of_their_own() -> None:
     names = [t.name for t in targets]
     assert names == [f"127.0.0.1:{server.port}", f"127.0.0.1:{server.port}/b/metrics"]
     assert all(r is not None and r.up for r in map(scraper.readings().target, names))
+
+
+def test_a_page_of_19000_models_is_read_for_the_first_16_and_the_rest_counted() -> None:
+    flood = "".join(f'vllm:num_requests_running{{model_name="m{i:05d}"}} 1\n' for i in range(19_000))
+    server = Server(with_line(flood.rstrip("\n")))  # the real page (model "tiny") first
+    target = Target(url=server.url, kind="vllm")
+    scraper = EngineScraper(ScrapeConfig(timeout_s=10.0), [target])
+    try:
+        scraper.refresh()
+    finally:
+        server.stop()
+    text = render(Snapshot(taken_at=0.0, node={Engines: (scraper.readings(),)})).text.decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    models = {s.labels["model"] for f in families.values() for s in f.samples if "model" in s.labels}
+    assert len(models) == 16 and "tiny" in models, len(models)
+    dropped = families["llmgpu_engine_dropped_models"].samples[0]
+    assert dropped.labels["target"] == target.name and dropped.value == 19_000 - 15
+    got = scraper.readings().target(target.name)
+    assert got is not None and got.up
+    tiny = next(s for s in got.series if s.model == "tiny")
+    assert tiny.generation_tokens and tiny.ttft is not None, "the engine's own model is read whole"
+    assert len(text) < 200_000, f"{len(text)} bytes of exposition"
