@@ -5,8 +5,9 @@ uvicorn's HTTP/1.1 protocol, with these bounds added:
 - at most `max_connections` open connections, counted from the accept: a TLS connection
   holds its slot through its handshake, which starts only once it has one (a refused
   connection never costs an SSL object). When full, a connection that has had no answer
-  yet (just opened, in its handshake, or sending its first request) is dropped to make
-  room, the oldest first; failing that, the one idle the longest among those that had
+  yet (just opened, in its handshake, or sending its first request) and has no bytes
+  waiting to be read (a request on its way) is dropped to make room, the oldest first;
+  failing that, the one idle the longest among those that had
   answers, if idle EVICT_AFTER_S at least; else the newcomer is refused (503 in plain
   HTTP, closed under TLS). A client that was answered thus outranks one that never
   asked: a storm of reconnecting clients churns through its own connections, not
@@ -28,9 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import signal
 import socket
 import ssl
+import struct
+import termios
 import threading
 import time
 from asyncio import sslproto
@@ -142,6 +146,10 @@ class GuardedH11(H11Protocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+                # asyncio sets it only on sockets of proto IPPROTO_TCP; `serve` binds its own
+                # (proto 0), and Nagle held every answer but a connection's first until the
+                # client's delayed ACK: 40 ms per keep-alive request
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if pool.tls is None:
             self._serve(transport)
             return
@@ -181,7 +189,7 @@ class GuardedH11(H11Protocol):
 
     def _evict_one(self) -> bool:
         pool = self.pool
-        victim = next(iter(pool.unanswered), None)
+        victim = next((c for c in pool.unanswered if not c._unread()), None)
         if victim is None:
             oldest = next(iter(pool.idle.items()), None)
             if oldest is None or time.monotonic() - oldest[1] < EVICT_AFTER_S:
@@ -190,6 +198,17 @@ class GuardedH11(H11Protocol):
         pool.stats.evicted += 1
         victim._drop()
         return True
+
+    def _unread(self) -> int:
+        """Bytes the kernel holds for us not read yet: a connection accepted in the same
+        batch as a storm of others may have its request waiting while they make room."""
+        sock = (self.transport if self._tcp is None else self._tcp).get_extra_info("socket")
+        if sock is None:
+            return 0
+        try:
+            return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0])
+        except OSError:
+            return 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._admitted:

@@ -503,6 +503,39 @@ def test_non_reading_clients_hold_one_slice_each_and_are_cut_off(sim) -> None:  
             sock.close()
 
 
+def test_keep_alive_answers_are_not_held_for_the_clients_ack(sim) -> None:  # type: ignore[no-untyped-def]
+    """`serve` binds its own socket (proto 0), on whose connections asyncio leaves Nagle's
+    algorithm on: every answer but a connection's first waited for the client's delayed
+    ACK, 40 ms a request."""
+    s = sim(SCENARIO)
+    s.at(1)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # as exporter.cli._bind makes it
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    server = build_server(create_app(s.runner), "127.0.0.1", port, ServerLimits(), log_level="error")
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        sock = _connect(port)
+        times = []
+        for _ in range(9):
+            started = time.perf_counter()
+            _healthz(sock)
+            times.append(time.perf_counter() - started)
+        (conn,) = server.server_state.connections
+        nodelay = conn.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        sock.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        listener.close()
+    assert nodelay, "Nagle's algorithm is off"
+    assert sorted(times)[4] < 0.02, [round(t * 1000) for t in times]
+
+
 def test_an_idle_server_sleeps_yet_dates_its_answers_and_stops_at_once(sim) -> None:  # type: ignore[no-untyped-def]
     from email.utils import parsedate_to_datetime
 
