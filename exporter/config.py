@@ -106,6 +106,7 @@ class Settings(BaseSettings):
     engine_max_series: int = setting(20000, "samples on one engine page at most", ge=0)
     engine_max_labels: int = setting(64, "labels on one engine series at most", ge=1)
     engine_max_label_length: int = setting(2048, "characters in one engine label value at most", ge=1)
+    engine_max_models: int = setting(16, "models on one engine page at most; the rest are dropped", ge=1)
     # ---- allocator probe, attribution, diagnosis ---------------------------------------
     probe_dir: str = setting("/run/llm-gpu-exporter/probes", "directory of the allocator probe files")
     probe_max_age: float = setting(120.0, "seconds after which a probe file is stale", ge=0)

@@ -32,6 +32,7 @@ class EnginesCollector(Collector):
                 max_series=s.engine_max_series,
                 max_labels=s.engine_max_labels,
                 max_label_length=s.engine_max_label_length,
+                max_models=s.engine_max_models,
             ),
             static=[*targets_from_settings(s), *extra],
             discoverers=discoverers(s) if discover is None else discover,

@@ -23,6 +23,7 @@ DCGM_SCRAPE_ERRORS = (
     "too_many_series",
     "too_many_labels",  # the same caps as engine pages: nothing over them is re-exported
     "label_too_long",
+    "bad_encoding",
     "connection",
 )
 

@@ -2,7 +2,11 @@
 
 The body is streamed and abandoned as soon as it passes the size cap; the whole
 exchange, headers to last byte, must finish within the timeout (a server that trickles
-bytes forever is cut off). The series cap is checked on the raw lines before the
+bytes forever is cut off). Only gzip is asked for, as Prometheus asks (scrape/scrape.go),
+and the body is inflated here, a read at a time, never past the cap: httpx would inflate
+each read whole, through every coding the server lists, before any cap could look (a
+1.8 KB page sent as `gzip, gzip` inflates to 1 GiB). A coding not asked for, more than
+one, or a body that does not inflate is refused. The series cap is checked on the raw lines before the
 parser runs, so a page of 100 000 label values costs a line count, not a parse. So are
 the label caps: only a line longer than the longest allowed value, or with more quotes
 than the allowed labels have, is looked at closely (a regular expression over its label
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import zlib
 from dataclasses import dataclass
 
 import httpx
@@ -22,6 +27,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
+GZIP = ("gzip", "x-gzip")  # RFC 9110 8.4.1.3: x-gzip is gzip
 MAX_LABELS = 64  # vLLM's widest info series (cache_config_info) has about 30
 MAX_LABEL_LENGTH = 2048  # a model path or a comma-joined list of LoRA adapters fits
 _QUOTED = re.compile(r'"((?:[^"\\\n]|\\.)*)"')  # a label value, escapes and all
@@ -74,19 +80,12 @@ DNS_MESSAGES = (
 
 def _is_dns(message: str) -> bool:
     """getaddrinfo's failures, as httpx words them (the cause is not always chained)."""
-    return any(
-        m in message
-        for m in (
-            "Name or service not known",
-            "nodename nor servname",
-            "No address associated",
-            "Temporary failure in name resolution",
-        )
-    )
+    return any(m in message for m in DNS_MESSAGES)
 
 
 async def _fetch(client: httpx.AsyncClient, url: str, limits: Limits) -> bytes:
-    async with client.stream("GET", url, headers={"Accept": ACCEPT}) as response:
+    headers = {"Accept": ACCEPT, "Accept-Encoding": "gzip"}
+    async with client.stream("GET", url, headers=headers) as response:
         if response.status_code != 200:
             raise ScrapeError("http_status", f"HTTP {response.status_code}")
         ctype = response.headers.get("content-type", "").lower()
@@ -95,12 +94,52 @@ async def _fetch(client: httpx.AsyncClient, url: str, limits: Limits) -> bytes:
         length = response.headers.get("content-length", "")
         if length.isdigit() and int(length) > limits.max_bytes:
             raise ScrapeError("too_large", f"content-length {length} > {limits.max_bytes}")
+        inflate = _inflater(response.headers.get_list("content-encoding", split_commas=True))
         body = bytearray()
-        async for chunk in response.aiter_bytes():
-            body += chunk
-            if len(body) > limits.max_bytes:
-                raise ScrapeError("too_large", f"body over {limits.max_bytes} bytes")
+        sent = 0
+        async for chunk in response.aiter_raw():  # as sent: httpx decodes nothing
+            sent += len(chunk)
+            body += chunk if inflate is None else inflate.feed(chunk, limits.max_bytes - len(body))
+            if len(body) > limits.max_bytes or sent > limits.max_bytes:
+                what = "body" if inflate is None else "inflated body"
+                raise ScrapeError("too_large", f"{what} over {limits.max_bytes} bytes")
+        if inflate:
+            inflate.end()
         return bytes(body)
+
+
+def _inflater(codings: list[str]) -> _Gunzip | None:
+    """What undoes the Content-Encoding: nothing, gzip, or ScrapeError for anything else."""
+    listed = [c.lower() for c in codings if c and c.lower() != "identity"]
+    if not listed:
+        return None
+    if len(listed) > 1:
+        raise ScrapeError("bad_encoding", f"content-encoding {', '.join(listed)}: one coding at most")
+    if listed[0] not in GZIP:
+        raise ScrapeError("bad_encoding", f"content-encoding {listed[0]}: only gzip was asked for")
+    return _Gunzip()
+
+
+class _Gunzip:
+    """gzip inflated as it arrives, never more than the room left under the cap at a time."""
+
+    def __init__(self) -> None:
+        self._z = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip framing only
+
+    def feed(self, data: bytes, room: int) -> bytes:
+        """At most room + 1 bytes (one over says "over the cap"); the rest is never made."""
+        try:
+            out = self._z.decompress(data, room + 1)
+            while self._z.eof and self._z.unused_data and len(out) <= room:  # the next gzip member
+                rest, self._z = self._z.unused_data, zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+                out += self._z.decompress(rest, room + 1 - len(out))
+        except zlib.error as err:
+            raise ScrapeError("bad_encoding", f"gzip: {err}") from None
+        return out
+
+    def end(self) -> None:
+        if not self._z.eof:
+            raise ScrapeError("bad_encoding", "gzip: the body ends inside the stream")
 
 
 def _check_labels(line: str, max_labels: int, max_length: int) -> None:

@@ -4,7 +4,9 @@ The tables below map each engine's metric names onto the fields of
 `readings.EngineSeries`. Matching is on sample names, so a page with or without
 `# TYPE` lines reads the same (the parser appends `_total` to typed counters only).
 Older names are fallbacks: they count only when the current name is absent, so a
-version that exports both is not counted twice.
+version that exports both is not counted twice. At most `max_models` models are read
+per page, the first ones it names: each model is a few dozen of our series, and a page
+of 19 000 model names made /metrics 18 times larger; the others are counted, not read.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from prometheus_client.metrics_core import Metric
 from exporter.metricdef import Histogram
 
 SeriesKey = tuple[str | None, str | None]  # (model, dp)
+MAX_MODELS = 16  # vLLM and SGLang label one model per server (its served name)
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,7 @@ class Normalized:
     series: Mapping[SeriesKey, Raw]
     samples: int  # every sample on the page, engine or not
     process_cpu_seconds: float | None = None  # the serving process' own counter
+    dropped_models: int = 0  # distinct models past max_models, not read
 
 
 def detect(families: Iterable[Metric]) -> str | None:
@@ -182,7 +186,9 @@ class _Hist:
         self.count = 0.0
 
 
-def normalize(families: list[Metric], kind: str | None = None) -> Normalized | None:
+def normalize(
+    families: list[Metric], kind: str | None = None, max_models: int = MAX_MODELS
+) -> Normalized | None:
     """Engine-neutral values from parsed families; None when no engine is recognized."""
     kind = kind or detect(families)
     if kind is None:
@@ -200,6 +206,8 @@ def normalize(families: list[Metric], kind: str | None = None) -> Normalized | N
     configs: dict[tuple[Source, SeriesKey], dict[str, str]] = defaultdict(dict)
     total = 0
     cpu: float | None = None
+    models: set[str] = set()
+    dropped: set[str] = set()
 
     for fam in families:
         for s in fam.samples:
@@ -224,6 +232,11 @@ def normalize(families: list[Metric], kind: str | None = None) -> Normalized | N
             if not math.isfinite(s.value) and part != "bucket":
                 continue
             model = next((labels[m] for m in MODEL_LABELS if labels.get(m)), None)
+            if model is not None and model not in models:
+                if len(models) >= max_models:
+                    dropped.add(model)
+                    continue
+                models.add(model)
             dp = labels.get(dp_label) if dp_label else None
             key: SeriesKey = (model, dp)
             for rule in by_source[base]:
@@ -283,7 +296,9 @@ def normalize(families: list[Metric], kind: str | None = None) -> Normalized | N
             out[key].config.update(c)
 
     series = _fold({k: v.raw() for k, v in out.items()})
-    return Normalized(kind=kind, series=series, samples=total, process_cpu_seconds=cpu)
+    return Normalized(
+        kind=kind, series=series, samples=total, process_cpu_seconds=cpu, dropped_models=len(dropped)
+    )
 
 
 def _fmt(value: float) -> str:

@@ -23,11 +23,12 @@ SCRAPE_ERRORS = (
     "timeout",  # no complete answer within the target's timeout
     "http_status",  # an answer other than 200
     "not_prometheus",  # HTML, garbage, or text the exposition parser rejects
-    "too_large",  # body over engine_max_bytes
+    "too_large",  # body over engine_max_bytes, as sent or inflated
     "too_many_series",  # more samples than engine_max_series
     "too_many_labels",  # a series with more labels than engine_max_labels
     "label_too_long",  # a label value longer than engine_max_label_length
     "unknown_engine",  # valid exposition, but no vLLM / SGLang / TGI metric in it
+    "bad_encoding",  # a Content-Encoding other than gzip, several of them, or gzip that does not inflate
     "connection",  # the connection broke mid-answer (reset, protocol error)
 )
 QUANTILES = (0.5, 0.95, 0.99)
@@ -270,12 +271,15 @@ class EngineTargetReading:
     )
     scrape_errors: dict[str, int] | None = counter(
         "llmgpu_engine_scrape_errors_total",
-        "Failed scrapes of the engine's /metrics by reason (refused, timeout, http_status, "
-        "not_prometheus, too_large, too_many_series, unknown_engine, connection)",
+        "Failed scrapes of the engine's /metrics by reason (every reason present from 0)",
         label="reason",
     )
     series_count: int | None = gauge(
         "llmgpu_engine_series", "Samples on the engine's /metrics page at the last good scrape"
+    )
+    dropped_models: int | None = gauge(
+        "llmgpu_engine_dropped_models",
+        "Models on the engine's last good page past engine_max_models, left out (0: none)",
     )
     processes: tuple[ProcessCpu, ...] = nested(ProcessCpu)
     series: tuple[EngineSeries, ...] = nested(EngineSeries)

@@ -24,7 +24,7 @@ import httpx
 from exporter.engines import process_tree
 from exporter.engines.derive import ScrapeWindow
 from exporter.engines.fetch import MAX_LABEL_LENGTH, MAX_LABELS, Limits, ScrapeError, fetch, parse
-from exporter.engines.normalize import Normalized, Raw, SeriesKey, normalize
+from exporter.engines.normalize import MAX_MODELS, Normalized, Raw, SeriesKey, normalize
 from exporter.engines.readings import (
     SCRAPE_ERRORS,
     Engines,
@@ -50,6 +50,7 @@ class ScrapeConfig:
     max_series: int = 20000
     max_labels: int = MAX_LABELS
     max_label_length: int = MAX_LABEL_LENGTH
+    max_models: int = MAX_MODELS
 
 
 Discoverer = Callable[[], Sequence[Target]]
@@ -65,6 +66,7 @@ class _State:
     errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SCRAPE_ERRORS, 0))
     histories: dict[SeriesKey, ScrapeWindow] = field(default_factory=dict)
     series_count: int | None = None
+    dropped_models: int | None = None
     tree: dict[int, str | None] = field(default_factory=dict)
     tree_at: float = -1e18  # monotonic time of the last tree read
     numa: tuple[int, ...] | None = None  # NUMA nodes of the engine's CPUs
@@ -191,7 +193,7 @@ class EngineScraper:
                 parse, body, limits.max_series, limits.max_labels, limits.max_label_length
             )
             del body
-            norm = normalize(families, state.kind)
+            norm = normalize(families, state.kind, self.config.max_models)
             if norm is None:
                 raise ScrapeError("unknown_engine", "no vLLM, SGLang or TGI metric on the page")
         except ScrapeError as err:
@@ -253,6 +255,7 @@ class EngineScraper:
         elif norm is not None:
             state.kind = state.kind or norm.kind
             state.series_count = norm.samples
+            state.dropped_models = norm.dropped_models
             for key in [k for k in state.histories if k not in norm.series]:
                 del state.histories[key]
             for key, raw in sorted(norm.series.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
@@ -270,6 +273,7 @@ class EngineScraper:
             scrape_duration_seconds=duration,
             scrape_errors=dict(state.errors),
             series_count=state.series_count,
+            dropped_models=state.dropped_models,
             processes=tuple(ProcessCpu(role=r, cpu_ratio=v) for r, v in sorted(cpu.items())),
             series=tuple(series),
             url=state.target.url,

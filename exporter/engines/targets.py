@@ -8,6 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 from exporter.engines.readings import ENGINE_KINDS
 
 FRAGMENT_KEYS = ("pids", "numa", "max_num_seqs", "max_num_batched_tokens")
+DEFAULT_PATH = "/metrics"
 LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0", "::", ""})
 
 
@@ -41,12 +42,16 @@ class Target:
 
     @property
     def name(self) -> str:
-        """The `target` label: host:port of the URL."""
+        """The `target` label: host:port of the URL, and its path unless that is /metrics.
+        Unique among targets (their keys differ), and a target's own: two engines behind
+        one host:port at different paths are told apart, and one at /metrics keeps its
+        label whatever else is scraped."""
         parts = urlsplit(self.url)
         host = parts.hostname or ""
         if ":" in host:
             host = f"[{host}]"
-        return f"{host}:{parts.port or _default_port(parts.scheme)}"
+        path = parts.path or "/"
+        return f"{host}:{parts.port or _default_port(parts.scheme)}" + ("" if path == DEFAULT_PATH else path)
 
     @property
     def key(self) -> str:
@@ -104,7 +109,7 @@ def parse_spec(spec: str, source: str = "static") -> Target:
             raise TargetError(f"engine target {spec!r}: {key} must be integers") from None
         if key.startswith("max_") and len(values[key]) != 1:
             raise TargetError(f"engine target {spec!r}: {key} takes one integer")
-    url = urlunsplit((parts.scheme, parts.netloc, parts.path or "/metrics", parts.query, ""))
+    url = urlunsplit((parts.scheme, parts.netloc, parts.path or DEFAULT_PATH, parts.query, ""))
     seqs, tokens = values.get("max_num_seqs"), values.get("max_num_batched_tokens")
     return Target(
         url=url,

@@ -18,22 +18,31 @@ exporters share (prometheus/exporter-toolkit, docs/web-configuration.md):
       alice: $2y$10$...                              # bcrypt hash
 
 Every key is applied or the file is refused with an error naming it: a security setting
-is never ignored. Where Python's ssl module cannot do what Go's crypto/tls does, the
+is never ignored. A password hash is checked at load too: its form, and a cost a node
+agent can afford (MAX_BCRYPT_COST). Where Python's ssl module cannot do what Go's crypto/tls does, the
 stricter choice is made or the value refused (see docs/security.md). A request without
 valid credentials, without a client certificate where one is required, or whose
 certificate carries none of the allowed SANs, is answered 401 and counted by reason:
 certificates are checked at the handshake, the policy per request, so the refusal is an
-HTTP answer.
+HTTP answer. Passwords are checked as exporter-toolkit checks them (web/handler.go): one
+bcrypt at a time, off the event loop (a check costs tens of milliseconds, and every
+request waited behind it, /healthz too); accepted credentials remembered (a digest of
+user, password and hash; bounded); an unknown user checked against a hash of the same
+cost, so that the time of a refusal does not tell which users exist.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hashlib
 import ipaddress
+import re
 import ssl
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,12 +62,10 @@ CLIENT_AUTH_TYPES = (
     "RequireAndVerifyClientCert",
 )
 VERIFYING = ("RequireAnyClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
-TLS_VERSIONS = {
-    "TLS10": ssl.TLSVersion.TLSv1,
-    "TLS11": ssl.TLSVersion.TLSv1_1,
-    "TLS12": ssl.TLSVersion.TLSv1_2,
-    "TLS13": ssl.TLSVersion.TLSv1_3,
-}
+TLS_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+# exporter-toolkit's names that cannot be honoured: OpenSSL 3 offers no cipher for them at
+# its default security level, and RFC 8996 retires both.
+RETIRED_TLS = ("TLS10", "TLS11")
 # Go's crypto/tls names -> OpenSSL's. TLS 1.3 suites are not configurable, in Go as here.
 CIPHER_SUITES = {
     "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
@@ -105,6 +112,15 @@ TLS_KEYS = (
 )
 INLINE_KEYS = {"cert": "cert_file", "key": "key_file", "client_ca": "client_ca_file"}
 UNPROTECTED = ("/healthz",)  # kubelet probes carry no credentials
+BCRYPT_HASH = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
+# A cost c is 2^c rounds: here cost 10 takes about 60 ms of one core, 12 (Python bcrypt's
+# default) 0.25 s, 14 one second. Each wrong password, and the first request with a
+# right one, pays one check: past 14 a few of them outlast a 10 s scrape timeout, and
+# cost 31 would take a core for days per check.
+MAX_BCRYPT_COST = 14
+VERIFIED_KEEP = 64  # accepted credentials remembered; a wrong password never is
+# One check at a time, process-wide: a flood of wrong passwords costs one core at most.
+_BCRYPT = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcrypt")
 
 
 @dataclass(frozen=True)
@@ -223,6 +239,11 @@ def _parse(data: Mapping[str, Any], base: Path) -> WebConfig:
         value = tls.get(key)
         if value is None:
             return None
+        if value in RETIRED_TLS:
+            raise _Refuse(
+                f"tls_server_config.{key} {value} cannot be honoured: this OpenSSL offers TLS 1.2 "
+                "at least (TLS 1.0 and 1.1 are retired by RFC 8996); use TLS12 or TLS13"
+            )
         if value not in TLS_VERSIONS:
             raise _Refuse(f"tls_server_config.{key} must be one of {', '.join(TLS_VERSIONS)}, got {value!r}")
         return str(value)
@@ -258,9 +279,6 @@ def _parse(data: Mapping[str, Any], base: Path) -> WebConfig:
         allowed = HEADERS[name]
         if not isinstance(value, str) or (allowed is not None and value not in allowed):
             raise _Refuse(f"http_server_config.headers: {name} must be one of {allowed}, got {value!r}")
-    for user, hashed in users.items():
-        if not isinstance(hashed, str) or not hashed.startswith("$2"):
-            raise _Refuse(f"basic_auth_users.{user} must be a bcrypt hash")
     return WebConfig(
         cert_file=cert,
         key_file=key,
@@ -276,8 +294,37 @@ def _parse(data: Mapping[str, Any], base: Path) -> WebConfig:
         client_allowed_sans=sans,
         headers={str(k): str(v) for k, v in headers.items()},
         http2=_bool(http.get("http2"), "http_server_config.http2", True),
-        users={str(u): str(h).encode() for u, h in users.items()},
+        users={str(u): _bcrypt_hash(str(u), h) for u, h in users.items()},
     )
+
+
+def _bcrypt_hash(user: str, value: Any) -> bytes:
+    """The hash as bcrypt checks it, or _Refuse naming the user: malformed, or too costly."""
+    where = f"basic_auth_users.{user}"
+    form = BCRYPT_HASH.fullmatch(value) if isinstance(value, str) else None
+    if form is None:
+        raise _Refuse(
+            f"{where} must be a bcrypt hash: $2y$, $2b$ or $2a$, a two-digit cost, $, 53 characters"
+        )
+    cost = int(form[1])
+    if not 4 <= cost <= MAX_BCRYPT_COST:
+        raise _Refuse(
+            f"{where}: bcrypt cost {cost} is outside 4..{MAX_BCRYPT_COST}; every wrong password would "
+            f"cost 2^{cost} rounds of the exporter's CPU. Hash it again with cost 10 to 12 "
+            "(htpasswd -nBC 10 USER)"
+        )
+    hashed = ("$2b$" + form[0][4:]).encode()  # $2y$ (htpasswd), $2a$: $2b$ up to 72 bytes of password
+    try:  # the salt and digest must decode: checked at the cheapest cost, not at the hash's own
+        bcrypt.checkpw(b"", hashed[:4] + b"04" + hashed[6:])
+    except ValueError:
+        raise _Refuse(f"{where} is not a bcrypt hash: its salt or digest does not decode") from None
+    return hashed
+
+
+def decoy_hash(users: Mapping[str, bytes]) -> bytes:
+    """A hash no password matches, at the users' cost (the highest where they differ)."""
+    cost = max((int(h[4:6]) for h in users.values()), default=4)
+    return f"$2b${cost:02d}$".encode() + b"." * 53
 
 
 def ssl_context(cfg: WebConfig) -> ssl.SSLContext | None:
@@ -371,12 +418,14 @@ class AuthMiddleware:
         self.app = app
         self.cfg = cfg
         self.on_failure = on_failure
-        self._verified: set[bytes] = set()  # digests of accepted credentials: bcrypt is slow
+        self.decoy = decoy_hash(cfg.users)
+        # digests of accepted credentials, the least recently used first
+        self._verified: OrderedDict[bytes, None] = OrderedDict()
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] in UNPROTECTED:
             return await self.app(scope, receive, send)
-        reason = self._refusal(scope)
+        reason = self._certificate_refusal(scope) or await self._password_refusal(scope)
         if reason is None:
             return await self.app(scope, receive, send)
         self.on_failure(reason)
@@ -386,12 +435,15 @@ class AuthMiddleware:
         await send({"type": "http.response.start", "status": 401, "headers": headers})
         await send({"type": "http.response.body", "body": b"Unauthorized\n"})
 
-    def _refusal(self, scope: Scope) -> str | None:
+    def _certificate_refusal(self, scope: Scope) -> str | None:
         state = scope.get("state", {})
         if self.cfg.require_client_cert and not state.get("client_cert"):
             return "client_certificate"
         if self.cfg.client_allowed_sans and not state.get("client_allowed"):
             return "client_san" if state.get("client_cert") else "client_certificate"
+        return None
+
+    async def _password_refusal(self, scope: Scope) -> str | None:
         if not self.cfg.users:
             return None
         header = dict(scope["headers"]).get(b"authorization", b"")
@@ -402,12 +454,20 @@ class AuthMiddleware:
         except ValueError:
             return "bad_credentials"
         hashed = self.cfg.users.get(user.decode(errors="replace"))
-        if hashed is None:
+        digest = hashlib.sha256(user + b"\0" + password + b"\0" + (hashed or b"")).digest()
+        if hashed is not None and digest in self._verified:
+            self._verified.move_to_end(digest)
+            return None
+        loop = asyncio.get_running_loop()
+        matched = await loop.run_in_executor(_BCRYPT, _matches, password, hashed or self.decoy)
+        if hashed is None or not matched:
             return "bad_credentials"
-        digest = hashlib.sha256(user + b"\0" + password + b"\0" + hashed).digest()
-        if digest in self._verified:
-            return None
-        if bcrypt.checkpw(password, hashed.replace(b"$2y$", b"$2b$")):
-            self._verified.add(digest)
-            return None
-        return "bad_credentials"
+        self._verified[digest] = None
+        if len(self._verified) > VERIFIED_KEEP:
+            self._verified.popitem(last=False)
+        return None
+
+
+def _matches(password: bytes, hashed: bytes) -> bool:
+    """bcrypt's verdict; a password over its 72 bytes matches nothing (as in Go)."""
+    return len(password) <= 72 and bcrypt.checkpw(password, hashed)

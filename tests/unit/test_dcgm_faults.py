@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -242,3 +244,85 @@ def test_a_hostile_dcgm_exporter_page_is_refused_by_the_engine_caps() -> None:
     assert got.error is not None and got.error.reason == "label_too_long"
     assert got.values == {} and got.reading.up == 0
     assert got.reading.scrape_errors is not None and got.reading.scrape_errors["label_too_long"] == 1
+
+
+def _gzip_zeros(mib: int) -> bytes:
+    import zlib
+
+    z = zlib.compressobj(6, zlib.DEFLATED, 31)
+    block = bytes(1 << 20)
+    return b"".join([*(z.compress(block) for _ in range(mib)), z.flush()])
+
+
+def _peak_rss_growth(run: Callable[[], object]) -> int:
+    """Bytes the process' peak RSS rose over its RSS before `run` (VmHWM, reset first)."""
+
+    def kib(key: str) -> int:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(key))
+        return int(line.split()[1])
+
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pytest.skip("this kernel does not let a process reset its peak RSS")
+    before = kib("VmRSS")
+    run()
+    return (kib("VmHWM") - before) * 1024
+
+
+def test_a_compressed_dcgm_exporter_page_inflates_within_the_cap_or_is_refused() -> None:
+    """The dcgm-exporter fetch is the engine one: a stacked-gzip page is refused unread, a
+    gzip bomb is cut at the cap while it inflates, a gzip page is read."""
+    import gzip
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from exporter.dcgm.source import DcgmSource
+    from exporter.engines.fetch import Limits
+
+    bomb = _gzip_zeros(256)
+    page = (
+        b"# TYPE DCGM_FI_PROF_SM_ACTIVE gauge\n"
+        b'DCGM_FI_PROF_SM_ACTIVE{gpu="0",UUID="GPU-1",modelName="NVIDIA A100-SXM4-80GB"} 0.5\n'
+    )
+    answers = {"/stacked": ("gzip, gzip", gzip.compress(bomb)), "/bomb": ("gzip", bomb)}
+    answers["/good"] = ("gzip", gzip.compress(page))
+
+    class Hostile(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            encoding, body = answers[self.path]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Encoding", encoding)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    source = DcgmSource(Limits(timeout_s=10.0, max_bytes=1 << 20, max_series=1000), max_age_s=90.0)
+    got = {}
+    try:
+        for path in answers:
+
+            def scrape(path: str = path) -> None:
+                got[path] = source.scrape(DcgmTarget(base + path, "configured"))
+
+            growth = _peak_rss_growth(scrape)
+            assert growth < 24 << 20, f"{path}: peak RSS +{growth >> 20} MiB"
+    finally:
+        source.close()
+        server.shutdown()
+        server.server_close()
+    for path, reason in (("/stacked", "bad_encoding"), ("/bomb", "too_large")):
+        errors = got[path].reading.scrape_errors
+        assert got[path].error is not None and got[path].error.reason == reason
+        assert got[path].reading.up == 0 and errors is not None and errors[reason] == 1
+    assert got["/good"].error is None and got["/good"].values == {"GPU-1": {"sm_active_ratio": 0.5}}

@@ -71,6 +71,7 @@ NAMES = {
     "llmgpu_engine_scrape_duration_seconds",
     "llmgpu_engine_scrape_errors_total",
     "llmgpu_engine_series",
+    "llmgpu_engine_dropped_models",
     "llmgpu_engine_estimated_flops_per_gpu_total",
     "llmgpu_engine_estimated_read_bytes_per_gpu_total",
     "llmgpu_engine_gpu_memory_budget_bytes",

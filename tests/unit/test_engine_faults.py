@@ -11,12 +11,14 @@ exposition of the whole stays valid.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import logging
 import os
 import socket
 import threading
 import time
 import tracemalloc
+import zlib
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -392,3 +394,217 @@ def test_label_caps_count_what_the_value_says_not_how_it_is_escaped() -> None:
     assert err.value.reason == "too_many_labels"
     four = "x{" + ",".join(f'l{i}="a"' for i in range(4)) + "} 1\n"
     assert len(parse(four.encode(), 10, max_labels=4, max_label_length=64)[0].samples[0].labels) == 4
+
+
+# ---- compressed pages: inflated within the cap, or refused ---------------------------------
+
+
+def zeros(mib: int, wbits: int) -> bytes:
+    """mib MiB of zero bytes, compressed: gzip (wbits 31) or zlib-wrapped deflate (15)."""
+    z = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    block = bytes(MiB)
+    return b"".join([*(z.compress(block) for _ in range(mib)), z.flush()])
+
+
+@pytest.fixture(scope="module")
+def bombs() -> dict[str, tuple[str, bytes]]:
+    """name -> (Content-Encoding, body): each inflates to 256 MiB, or is not gzip as asked."""
+    gz = zeros(256, 31)
+    return {
+        "gzip": ("gzip", gz),  # 260 KB
+        "gzip_gzip": ("gzip, gzip", gzip.compress(gz)),  # under 1 KB, 256 MiB after two inflations
+        "deflate": ("deflate", zeros(256, 15)),
+        "br": ("br", GOOD_PAGE),  # a coding not asked for is refused, whatever it would decode to
+        "zstd": ("zstd", GOOD_PAGE),
+        "truncated": ("gzip", gzip.compress(GOOD_PAGE)[:-100]),
+    }
+
+
+BOMB_REASONS = {
+    "gzip": "too_large",
+    "gzip_gzip": "bad_encoding",
+    "deflate": "bad_encoding",
+    "br": "bad_encoding",
+    "zstd": "bad_encoding",
+    "truncated": "bad_encoding",
+}
+
+
+def encoded(encoding: str, body: bytes, seen: list[str] | None = None) -> Respond:
+    def respond(h: BaseHTTPRequestHandler) -> None:
+        if seen is not None:
+            seen.append(h.headers.get("accept-encoding", ""))
+        h.send_response(200)
+        h.send_header("Content-Type", "text/plain; version=0.0.4")
+        h.send_header("Content-Encoding", encoding)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    return respond
+
+
+def _status_kib(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def peak_rss_growth(run: Callable[[], object]) -> int:
+    """Bytes the process' peak RSS rose over its RSS before `run` (VmHWM, reset first)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    except OSError:
+        pytest.skip("this kernel does not let a process reset its peak RSS")
+    before = _status_kib("VmRSS")
+    run()
+    return (_status_kib("VmHWM") - before) * 1024
+
+
+@pytest.mark.parametrize("name", list(BOMB_REASONS))
+def test_a_compressed_page_inflates_within_the_cap_or_is_refused(
+    bombs: dict[str, tuple[str, bytes]], name: str
+) -> None:
+    encoding, body = bombs[name]
+    server = Server(encoded(encoding, body))
+    target = Target(url=server.url)
+    scraper = EngineScraper(ScrapeConfig(timeout_s=10.0, max_bytes=MiB), [target])
+    try:
+        growth = peak_rss_growth(scraper.refresh)
+    finally:
+        server.stop()
+    got = scraper.readings().target(target.name)
+    assert got is not None and not got.up and got.series == ()
+    assert got.scrape_errors is not None and got.scrape_errors[BOMB_REASONS[name]] == 1, got.last_error
+    # 1 MiB of page kept at most, a read at a time inflated: not 256 MiB, not GiBs
+    assert growth < 24 * MiB, f"peak RSS +{growth / MiB:.0f} MiB"
+
+
+def test_a_gzip_page_is_read_and_only_gzip_is_asked_for() -> None:
+    members = gzip.compress(GOOD_PAGE[:5000]) + gzip.compress(GOOD_PAGE[5000:])  # two gzip members
+    seen: list[str] = []
+    servers = [Server(encoded("gzip", gzip.compress(GOOD_PAGE), seen)), Server(encoded("x-gzip", members))]
+    targets = [Target(url=s.url, kind="vllm") for s in servers]
+    scraper = EngineScraper(ScrapeConfig(timeout_s=5.0), targets)
+    try:
+        scraper.refresh()
+    finally:
+        for s in servers:
+            s.stop()
+    plain = Server(good)
+    try:
+        reference = EngineScraper(ScrapeConfig(timeout_s=5.0), [Target(url=plain.url, kind="vllm")])
+        reference.refresh()
+    finally:
+        plain.stop()
+    expected = reference.readings().targets[0].series
+    for target in targets:
+        got = scraper.readings().target(target.name)
+        assert got is not None and got.up, got and got.last_error
+        assert [s.generation_tokens for s in got.series] == [s.generation_tokens for s in expected]
+    assert seen == ["gzip"]
+
+
+BOMB_SCENARIO = """
+gpus: {count: 1, model: H100-80GB-SXM}
+phases: [{name: p, duration: 100000, gpu: {util: 0.5}}]
+"""
+
+
+def test_the_exporter_serves_on_while_an_engine_sends_bombs(sim, bombs) -> None:  # type: ignore[no-untyped-def]
+    """A live exporter scraping a stacked-gzip and a gzip bomb twice a second: its peak RSS
+    stays flat and every /metrics answers, with the refusals counted by reason."""
+    import httpx
+    from tls_pki import live_server
+
+    from exporter.web.server import create_app
+
+    hostile = [Server(encoded(*bombs["gzip_gzip"])), Server(encoded(*bombs["gzip"]))]
+    s = sim(
+        BOMB_SCENARIO,
+        collectors_disabled=("allocator",),
+        engines=tuple(h.url for h in hostile),
+        engine_interval=0.5,
+        engine_max_bytes=MiB,
+        interval=0.5,
+    )
+    s.runner.start()
+    slowest = 0.0
+    text = ""
+
+    def scrape_for(seconds: float) -> None:
+        nonlocal slowest, text
+        stop = time.monotonic() + seconds
+        with httpx.Client(timeout=10) as client:
+            while time.monotonic() < stop:
+                started = time.monotonic()
+                got = client.get(url)
+                slowest = max(slowest, time.monotonic() - started)
+                if got.status_code == 200:
+                    text = got.text
+                time.sleep(0.1)
+
+    try:
+        with live_server(create_app(s.runner)) as (port, _):
+            url = f"http://127.0.0.1:{port}/metrics"
+            growth = peak_rss_growth(lambda: scrape_for(4.0))
+    finally:
+        for h in hostile:
+            h.stop()
+    assert growth < 48 * MiB, f"peak RSS +{growth / MiB:.0f} MiB"
+    assert slowest < 2.0, f"a /metrics took {slowest:.1f} s"
+    stacked, single = (Target(url=h.url).name for h in hostile)
+    errors = {
+        (f.labels["target"], f.labels["reason"]): f.value
+        for fam in text_string_to_metric_families(text)
+        if fam.name == "llmgpu_engine_scrape_errors"
+        for f in fam.samples
+    }
+    assert errors[(stacked, "bad_encoding")] >= 2 and errors[(single, "too_large")] >= 2, errors
+
+
+def test_two_engines_behind_one_host_port_have_labels_of_their_own() -> None:
+    """A gateway that serves two engines at two paths of one port: each target is labelled
+    with its path, so no series is written twice; one at /metrics keeps host:port."""
+    server = Server(good)
+    base = f"http://127.0.0.1:{server.port}"
+    targets = [Target(url=base + "/metrics", kind="vllm"), Target(url=base + "/b/metrics", kind="vllm")]
+    scraper = EngineScraper(ScrapeConfig(timeout_s=5.0), targets)
+    try:
+        scraper.refresh()
+    finally:
+        server.stop()
+    text = render(Snapshot(taken_at=0.0, node={Engines: (scraper.readings(),)})).text.decode()
+    samples = [
+        (s.name, tuple(sorted(s.labels.items())))
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name.startswith("llmgpu_engine")
+    ]
+    assert len(samples) == len(set(samples)), "a series written twice"
+    names = [t.name for t in targets]
+    assert names == [f"127.0.0.1:{server.port}", f"127.0.0.1:{server.port}/b/metrics"]
+    assert all(r is not None and r.up for r in map(scraper.readings().target, names))
+
+
+def test_a_page_of_19000_models_is_read_for_the_first_16_and_the_rest_counted() -> None:
+    flood = "".join(f'vllm:num_requests_running{{model_name="m{i:05d}"}} 1\n' for i in range(19_000))
+    server = Server(with_line(flood.rstrip("\n")))  # the real page (model "tiny") first
+    target = Target(url=server.url, kind="vllm")
+    scraper = EngineScraper(ScrapeConfig(timeout_s=10.0), [target])
+    try:
+        scraper.refresh()
+    finally:
+        server.stop()
+    text = render(Snapshot(taken_at=0.0, node={Engines: (scraper.readings(),)})).text.decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    models = {s.labels["model"] for f in families.values() for s in f.samples if "model" in s.labels}
+    assert len(models) == 16 and "tiny" in models, len(models)
+    dropped = families["llmgpu_engine_dropped_models"].samples[0]
+    assert dropped.labels["target"] == target.name and dropped.value == 19_000 - 15
+    got = scraper.readings().target(target.name)
+    assert got is not None and got.up
+    tiny = next(s for s in got.series if s.model == "tiny")
+    assert tiny.generation_tokens and tiny.ttft is not None, "the engine's own model is read whole"
+    assert len(text) < 200_000, f"{len(text)} bytes of exposition"

@@ -3,10 +3,15 @@ file refused with the key named."""
 
 from __future__ import annotations
 
+import base64
 import ssl
-from collections.abc import Iterator
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import bcrypt
 import httpx
 import pytest
 from tls_pki import live_server, make_pki
@@ -142,7 +147,7 @@ def test_a_certificate_from_another_ca_fails_the_handshake(serve, pki: Path, tmp
 
 
 def test_headers_on_every_answer(serve, pki: Path) -> None:  # type: ignore[no-untyped-def]
-    hashed = "$2y$04$" + "a" * 53  # no password matches: every /metrics is a 401
+    hashed = "$2y$04$" + "." * 53  # no password matches: every /metrics is a 401
     base, _ = serve(
         TLS + "http_server_config:\n  headers:\n    Strict-Transport-Security: max-age=31536000\n"
         "    X-Frame-Options: deny\n  http2: false\n"
@@ -185,6 +190,18 @@ def test_headers_on_every_answer(serve, pki: Path) -> None:  # type: ignore[no-u
         ("http_server_config:\n  headers: {X-Frame-Options: allow}\n", "X-Frame-Options must be one of"),
         ("http_server_config:\n  http2: maybe\n", "http2 must be true or false"),
         ("basic_auth_users:\n  alice: plain\n", "bcrypt hash"),
+        ("basic_auth_users:\n  alice: $2b$10$abc\n", "basic_auth_users.alice must be a bcrypt hash"),
+        ("basic_auth_users:\n  alice: 12\n", "basic_auth_users.alice must be a bcrypt hash"),
+        (
+            f"basic_auth_users:\n  bob: $2b$31${'.' * 53}\n",
+            "basic_auth_users.bob: bcrypt cost 31 is outside 4..14",
+        ),
+        (f"basic_auth_users:\n  bob: $2b$15${'.' * 53}\n", "basic_auth_users.bob: bcrypt cost 15"),
+        (f"basic_auth_users:\n  bob: $2b$03${'.' * 53}\n", "basic_auth_users.bob: bcrypt cost 3 "),
+        (f"basic_auth_users:\n  carol: $2y$10${'a' * 53}\n", "carol is not a bcrypt hash: its salt"),
+        (TLS + "  min_version: TLS10\n", "min_version TLS10 cannot be honoured"),
+        (TLS + "  min_version: TLS11\n", "min_version TLS11 cannot be honoured"),
+        (TLS + "  max_version: TLS11\n", "max_version TLS11 cannot be honoured"),
     ],
 )
 def test_a_key_that_cannot_be_applied_is_refused_by_name(pki: Path, text: str, message: str) -> None:
@@ -199,3 +216,105 @@ def test_every_client_auth_type_loads(pki: Path) -> None:
         assert ctx is not None
         expected = ssl.CERT_NONE if auth == "NoClientCert" else ssl.CERT_OPTIONAL
         assert ctx.verify_mode == expected, auth
+
+
+# ---- basic auth: bcrypt off the event loop, the same cost for every refusal --------------
+
+FLOOD = r"""
+import asyncio, base64, sys
+
+port, clients = int(sys.argv[1]), int(sys.argv[2])
+auth = base64.b64encode(b"alice:wrong").decode()
+request = f"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\nauthorization: Basic {auth}\r\n\r\n"
+
+
+async def client():
+    while True:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request.encode())
+            await reader.read()
+            writer.close()
+        except OSError:
+            await asyncio.sleep(0.05)
+
+
+async def main():
+    await asyncio.gather(*(client() for _ in range(clients)))
+
+
+asyncio.run(main())
+"""
+
+
+def _seconds(call: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_wrong_passwords_from_150_clients_do_not_stall_the_server(serve) -> None:  # type: ignore[no-untyped-def]
+    hashed = bcrypt.hashpw(b"right", bcrypt.gensalt(10)).decode()
+    base, runner = serve(f"basic_auth_users:\n  alice: '{hashed}'\n")
+    one_check = sorted(_seconds(lambda: bcrypt.checkpw(b"wrong", hashed.encode())) for _ in range(3))[1]
+    port = base.rsplit(":", 1)[1]
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD, port, "150"])
+    try:
+        with httpx.Client(timeout=30) as c:
+            deadline = time.monotonic() + 30
+            while runner.stats.auth_failures["bad_credentials"] < 10 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            before = runner.stats.auth_failures["bad_credentials"]
+            during = []
+            for _ in range(20):
+                during.append(_seconds(lambda: c.get(base + "/healthz").raise_for_status()))
+                time.sleep(0.05)
+            checked = runner.stats.auth_failures["bad_credentials"] - before
+            # the right password, while the flood goes on: one check (it waits its turn), then remembered
+            assert c.get(base + "/metrics", headers=_basic("alice", "right")).status_code == 200
+            again = _seconds(lambda: c.get(base + "/metrics", headers=_basic("alice", "right")))
+    finally:
+        flood.kill()
+        flood.wait()
+    during.sort()
+    assert checked >= 3, "the flood was checking passwords all along"
+    median, p90 = during[len(during) // 2], during[int(len(during) * 0.9)]
+    assert median < 0.05 and p90 < one_check, (median, p90, one_check)
+    assert again < one_check, (again, one_check)
+
+
+def test_an_unknown_user_costs_what_a_known_one_does(serve, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    hashed = bcrypt.hashpw(b"right", bcrypt.gensalt(8)).decode()
+    base, _ = serve(f"basic_auth_users:\n  alice: '{hashed}'\n")
+    checked: list[bytes] = []
+    real = bcrypt.checkpw
+
+    def counted(password: bytes, against: bytes) -> bool:
+        checked.append(against)
+        return real(password, against)
+
+    monkeypatch.setattr(bcrypt, "checkpw", counted)
+    with httpx.Client(timeout=30) as c:
+
+        def median(user: str) -> float:
+            times = []
+            for _ in range(7):
+                started = time.perf_counter()
+                assert c.get(base + "/metrics", headers=_basic(user, "wrong")).status_code == 401
+                times.append(time.perf_counter() - started)
+            return sorted(times)[3]
+
+        known, unknown = median("alice"), median("mallory")
+    assert len(checked) == 14 and {h[:7] for h in checked} == {b"$2b$08$"}  # one check each, one cost
+    assert 0.5 < unknown / known < 2.0, (unknown, known)
+
+
+def test_a_password_past_bcrypts_72_bytes_is_refused_not_an_error(serve) -> None:  # type: ignore[no-untyped-def]
+    hashed = bcrypt.hashpw(b"right", bcrypt.gensalt(4)).decode()
+    base, runner = serve(f"basic_auth_users:\n  alice: '{hashed}'\n")
+    got = httpx.get(base + "/metrics", headers=_basic("alice", "right" + "x" * 100))
+    assert got.status_code == 401 and runner.stats.auth_failures["bad_credentials"] == 1
