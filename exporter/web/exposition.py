@@ -94,20 +94,13 @@ class _LabelCache(dict[Labels, str]):
 _LABELS = _LabelCache()
 LABEL_CACHE_MAX = 200_000
 
-Chunks = tuple[tuple[MetricDef, str], ...]  # a reading's sample lines, per family, in walk order
-Lines = dict[str, tuple[MetricDef, list[str]]]  # family name -> its metric and lines so far
+Chunks = tuple[tuple[MetricDef, str], ...]  # a reading's lines, a run of one family's each
+Lines = list[tuple[MetricDef, str]]  # lines as written, with their family
 # What a field of a reading class writes, its labels known: a plain sample (the line up
 # to its value), one sample per mapping key, an info or histogram family, or nested readings.
 PLAIN, MAPPING, INFO, HISTOGRAM, NESTED = range(5)
 Step = tuple[str, int, MetricDef, Any]  # field, what it writes, its metric, prefix or prefixes
 _NO_METRIC = MetricDef("", "gauge", "")  # a nested field's: its readings carry their own
-
-
-def _add(lines: Lines, metric: MetricDef) -> list[str]:
-    entry = lines.get(metric.name)
-    if entry is None:
-        entry = lines[metric.name] = (metric, [])
-    return entry[1]
 
 
 class _Compiled:
@@ -120,9 +113,11 @@ class _Compiled:
         self._steps: dict[tuple[type, Labels], tuple[Step, ...]] = {}
 
     def chunks(self, reading: object, base: Labels) -> Chunks:
-        lines: Lines = {}
+        """The reading's lines; a mapping's, and nested readings' consecutive lines of one
+        family, joined (the findings of every rule, the XID counts by code: one run each)."""
+        lines: Lines = []
         self._write(reading, base, lines)
-        return tuple((metric, "".join(ls)) for metric, ls in lines.values())
+        return tuple(lines)
 
     def _write(self, reading: object, labels: Labels, lines: Lines) -> None:
         cls = type(reading)
@@ -141,18 +136,17 @@ class _Compiled:
         for attr, op, metric, data in steps:
             value = getattr(reading, attr)
             if op == NESTED:
+                inner: Lines = []
                 for sub in value:
-                    self._write(sub, labels, lines)
+                    self._write(sub, labels, inner)
+                lines.extend(_runs(inner))
             elif value is None:
                 continue
             elif op == PLAIN:
                 text = repr(float(value))
-                entry = lines.get(metric.name)
-                if entry is None:
-                    entry = lines[metric.name] = (metric, [])
-                entry[1].append(f"{data}{_SPECIAL[text] if text[-1] in 'nf' else text}\n")
+                lines.append((metric, f"{data}{_SPECIAL[text] if text[-1] in 'nf' else text}\n"))
             elif op == MAPPING:
-                out = _add(lines, metric)
+                out = []
                 for key, v in value.items():
                     if v is not None:
                         prefix = data.get(key)
@@ -161,8 +155,10 @@ class _Compiled:
                                 f"{metric.name}{_LABELS[(*labels, (str(metric.label), str(key)))]} "
                             )
                         out.append(f"{prefix}{_value(v)}\n")
+                if out:
+                    lines.append((metric, "".join(out)))
             else:
-                _add(lines, metric).extend(_special(metric, labels, value))
+                lines.append((metric, "".join(_special(metric, labels, value))))
 
     def _compile(self, cls: type, labels: Labels) -> tuple[Step, ...]:
         steps: list[Step] = []
@@ -179,6 +175,18 @@ class _Compiled:
                 else:
                     steps.append((attr, PLAIN, metric, f"{metric.name}{_LABELS[labels]} "))
         return tuple(steps)
+
+
+def _runs(lines: Lines) -> Lines:
+    """Consecutive lines of one family joined into one."""
+    out: Lines = []
+    run: list[str] = []
+    for i, (metric, line) in enumerate(lines):
+        run.append(line)
+        if i + 1 == len(lines) or lines[i + 1][0] is not metric:
+            out.append((metric, run[0] if len(run) == 1 else "".join(run)))
+            run = []
+    return out
 
 
 def _special(metric: MetricDef, labels: Labels, value: Any) -> list[str]:
@@ -204,18 +212,18 @@ def _same(last: object, reading: object) -> bool:
         return True
     if type(last) is not type(reading):
         return False
-    d = getattr(reading, "__dict__", None)
-    return d == last.__dict__ if d is not None else last == reading
+    return bool(getattr(last, "__dict__", last) == getattr(reading, "__dict__", reading))
 
 
 class Family:
     """One family as written: its sample lines and its bytes in both formats. A family
     whose lines did not change from one cycle to the next is the same object."""
 
-    __slots__ = ("body", "metric", "om", "text")
+    __slots__ = ("metric", "om", "parts", "text")
 
-    def __init__(self, metric: MetricDef, body: str) -> None:
-        self.metric, self.body = metric, body
+    def __init__(self, metric: MetricDef, parts: list[str]) -> None:
+        self.metric, self.parts = metric, parts  # each reading's lines
+        body = "".join(parts)
         name, kind, help_line = metric.name, metric.kind, _help(metric.help)
         if kind in ("counter", "info"):  # OpenMetrics names the family without the suffix
             short = name.removesuffix("_total" if kind == "counter" else "_info")
@@ -247,15 +255,27 @@ class Writer:
         """The families of the snapshot, sorted by name."""
         if len(_LABELS) > LABEL_CACHE_MAX:
             _LABELS.clear()
+        placed: list[tuple[object, Labels]] = []
         last = self._readings
+        for gpu in snapshot.gpus:
+            base = gpu.base_labels
+            i = len(placed)
+            up = last[i][0] if i < len(last) else None
+            if not (isinstance(up, GpuUp) and up.up == int(gpu.up) and up.supported == gpu.supported):
+                up = GpuUp(up=int(gpu.up), supported={f: int(s) for f, s in sorted(gpu.supported.items())})
+            placed.append((up, base))
+            placed.extend((reading, base) for reading in gpu.readings.values())
+        for readings in snapshot.node.values():
+            placed.extend((reading, ()) for reading in readings)
+        placed.extend((status, ()) for status in snapshot.collectors)
+
         made: list[tuple[object, Labels, Chunks]] = []
         by_name: dict[str, tuple[MetricDef, list[str]]] = {}
-
-        def place(reading: object, base: Labels) -> None:
-            i = len(made)
+        chunks = self._compiled.chunks
+        for i, (reading, base) in enumerate(placed):
             entry = last[i] if i < len(last) else None
             if entry is None or entry[1] != base or not _same(entry[0], reading):
-                entry = (reading, base, self._compiled.chunks(reading, base))
+                entry = (reading, base, chunks(reading, base))
             made.append(entry)
             for metric, lines in entry[2]:
                 fam = by_name.get(metric.name)
@@ -263,29 +283,13 @@ class Writer:
                     by_name[metric.name] = (metric, [lines])
                 else:
                     fam[1].append(lines)
-
-        for gpu in snapshot.gpus:
-            base = gpu.base_labels
-            i = len(made)
-            up = last[i][0] if i < len(last) else None
-            if not (isinstance(up, GpuUp) and up.up == int(gpu.up) and up.supported == gpu.supported):
-                up = GpuUp(up=int(gpu.up), supported={f: int(s) for f, s in sorted(gpu.supported.items())})
-            place(up, base)
-            for reading in gpu.readings.values():
-                place(reading, base)
-        for readings in snapshot.node.values():
-            for reading in readings:
-                place(reading, ())
-        for status in snapshot.collectors:
-            place(status, ())
         kept, out = self._families, {}
         for name in sorted(by_name):
             metric, parts = by_name[name]
-            body = "".join(parts)
             old = kept.get(name)
-            out[name] = (
-                old if old is not None and old.metric is metric and old.body == body else Family(metric, body)
-            )
+            # the same line strings as last time, in the same order: compared by identity first
+            same = old is not None and old.metric is metric and old.parts == parts
+            out[name] = old if same and old is not None else Family(metric, parts)
         self._readings, self._families = made, out
         return list(out.values())
 
