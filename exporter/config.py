@@ -18,11 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import annotated_types as at
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -191,10 +189,10 @@ class Settings(BaseSettings):
         """No true/false for a number (YAML's `true` would be 1), no control characters in
         text (a NUL byte fails every later open())."""
         if isinstance(value, bool) and info.field_name in NUMBERS:
-            raise PydanticCustomError("bool_number", "a boolean is not a number")
+            raise ValueError("a number, not true or false")
         texts = value if isinstance(value, tuple | list) else (value,)
         if any(isinstance(t, str) and _CONTROL.search(t) for t in texts):
-            raise PydanticCustomError("control_character", "text with a control character")
+            raise ValueError("text without control characters")
         return value
 
     @field_validator("log_level", mode="before")
@@ -260,9 +258,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 def bounds(f: FieldInfo) -> dict[str, Any]:
     """A field's `ge`, `gt`, `le`, `lt`, `min_length`, `max_length`, where it has them."""
     out: dict[str, Any] = {}
-    for m in f.metadata:
+    for m in f.metadata:  # annotated_types' Ge, Le, MaxLen, ...
         for key in ("ge", "gt", "le", "lt", "min_length", "max_length"):
-            if isinstance(m, at.BaseMetadata) and getattr(m, key, None) is not None:
+            if getattr(m, key, None) is not None:
                 out[key] = getattr(m, key)
     return out
 
@@ -360,8 +358,6 @@ EXPECTED = {
     "float_parsing": "a number",
     "float_type": "a number",
     "finite_number": "a finite number",
-    "bool_number": "a number, not true or false",
-    "control_character": "text without control characters",
     "int_parsing": "an integer",
     "int_type": "an integer",
     "int_from_float": "an integer",
@@ -435,6 +431,8 @@ def _must(e: Any, key: str) -> str:
         return f"must be {EXPECTED[e['type']]}"
     if e["type"] in RANGE_ERRORS:
         return f"must be {range_text(key)}"
+    if e["type"] == "value_error":  # a check of ours: its message says what the value must be
+        return f"must be {str(e['msg']).removeprefix('Value error, ')}"
     if e["type"] == "literal_error":
         return f"must be one of {ctx.get('expected', '')}"
     return f"is wrong: {' '.join(str(e['msg']).split())}"
