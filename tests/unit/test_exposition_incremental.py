@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from exporter import app
 from exporter.config import Settings
 from exporter.metricdef import Histogram, Labels, MetricDef, samples
+from exporter.sim import node
 from exporter.snapshot import GpuUp, Snapshot
 from exporter.web.exposition import DEFAULT, EVERYTHING, Exposure, render
 
@@ -79,7 +79,7 @@ def reference(snapshot: Snapshot, exposure: Exposure) -> tuple[bytes, bytes]:
 
 
 def _snapshots(scenario: str, step_s: float) -> list[Snapshot]:
-    return list(app.simulate(Settings(simulate=scenario), step_s=step_s))
+    return list(node.play(Settings(simulate=scenario), step_s=step_s))
 
 
 @pytest.mark.parametrize(
