@@ -234,29 +234,65 @@ class Family:
             self.text = self.om = f"# HELP {name} {help_line}\n# TYPE {name} {kind}\n{body}".encode()
 
 
+Slots = tuple[tuple[str, int], ...]  # where each of a reading's chunks sits: family, index in its parts
+# A reading as written: its labels, lines and their places, and whether its lines changed
+# the last time (a reading that moves every cycle, power or traffic, is written again
+# without first being compared).
+Entry = tuple[object, Labels, Chunks, Slots, bool]
+
+
 class Writer:
     """Writes the snapshots of one exposure, keeping what it wrote last.
 
     Most readings are the same from one cycle to the next (device facts, ECC and XID
     counts, clocks, findings): a reading equal to the one in its place last time reuses
-    that one's lines, and a family whose lines are all unchanged reuses its bytes, so a
-    cycle costs what changed in it. Its order is the snapshot's: each GPU's state and
-    readings, then the node's readings, then the collectors' status. Two renders may run at once (a
-    scrape of one snapshot, the publisher ahead of the next): each reads the last state
-    and leaves its own, whole objects swapped, never edited.
+    that one's lines, and a family whose lines are all unchanged keeps its bytes, so a
+    cycle costs what changed in it. Where the snapshot has the layout of the last one
+    (the same readings in the same places, each writing the same families), the changed
+    readings' lines replace theirs in their families' parts; otherwise every family is
+    assembled again. The order is the snapshot's: each GPU's state and readings, then the
+    node's readings, then the collectors' status. Two renders may run at once (a scrape
+    of one snapshot, the publisher ahead of the next): each reads the last state and
+    leaves its own, whole objects swapped, never edited.
     """
 
     def __init__(self, plan: Planner) -> None:
         self._compiled = _Compiled(plan)
-        self._readings: list[tuple[object, Labels, Chunks]] = []
+        self._readings: list[Entry] = []
         self._families: dict[str, Family] = {}
 
     def families(self, snapshot: Snapshot) -> list[Family]:
         """The families of the snapshot, sorted by name."""
         if len(_LABELS) > LABEL_CACHE_MAX:
             _LABELS.clear()
+        last, kept = self._readings, self._families
+        placed = self._placed(snapshot, last)
+        made: list[Entry] = []
+        changed: list[Entry] = []
+        same_layout = len(placed) == len(last)
+        chunks = self._compiled.chunks
+        for i, (reading, base) in enumerate(placed):
+            entry = last[i] if i < len(last) else None
+            if entry is not None and not entry[4] and entry[1] == base and _same(entry[0], reading):
+                made.append(entry)
+                continue
+            new = chunks(reading, base)
+            if entry is not None and new == entry[2]:  # written again, the same lines
+                made.append((reading, base, entry[2], entry[3], False))
+            elif same_layout and entry is not None and _layout(entry[2]) == _layout(new):
+                made.append((reading, base, new, entry[3], True))
+                changed.append(made[-1])
+            else:
+                same_layout = False
+                made.append((reading, base, new, (), True))
+        out = self._patched(kept, changed) if same_layout else self._assembled(made, kept)
+        self._readings, self._families = made, out
+        return list(out.values())
+
+    @staticmethod
+    def _placed(snapshot: Snapshot, last: list[Entry]) -> list[tuple[object, Labels]]:
+        """Every reading with the labels its series carry, in the snapshot's order."""
         placed: list[tuple[object, Labels]] = []
-        last = self._readings
         for gpu in snapshot.gpus:
             base = gpu.base_labels
             i = len(placed)
@@ -268,30 +304,51 @@ class Writer:
         for readings in snapshot.node.values():
             placed.extend((reading, ()) for reading in readings)
         placed.extend((status, ()) for status in snapshot.collectors)
+        return placed
 
-        made: list[tuple[object, Labels, Chunks]] = []
+    @staticmethod
+    def _patched(kept: dict[str, Family], changed: list[Entry]) -> dict[str, Family]:
+        """The last families with the changed readings' lines in their places."""
+        parts: dict[str, list[str]] = {}
+        for _, _, new, slots, _ in changed:
+            for (_, lines), (name, k) in zip(new, slots, strict=True):
+                got = parts.get(name)
+                if got is None:
+                    got = parts[name] = list(kept[name].parts)
+                got[k] = lines
+        out = dict(kept)
+        for name, p in parts.items():
+            old = kept[name]
+            if p != old.parts:
+                out[name] = Family(old.metric, p)
+        return out
+
+    @staticmethod
+    def _assembled(made: list[Entry], kept: dict[str, Family]) -> dict[str, Family]:
+        """Every family put together from the readings' lines; `made` gets their slots."""
         by_name: dict[str, tuple[MetricDef, list[str]]] = {}
-        chunks = self._compiled.chunks
-        for i, (reading, base) in enumerate(placed):
-            entry = last[i] if i < len(last) else None
-            if entry is None or entry[1] != base or not _same(entry[0], reading):
-                entry = (reading, base, chunks(reading, base))
-            made.append(entry)
-            for metric, lines in entry[2]:
+        for i, (reading, base, new, _, moved) in enumerate(made):
+            slots = []
+            for metric, lines in new:
                 fam = by_name.get(metric.name)
                 if fam is None:
-                    by_name[metric.name] = (metric, [lines])
-                else:
-                    fam[1].append(lines)
-        kept, out = self._families, {}
+                    fam = by_name[metric.name] = (metric, [])
+                slots.append((metric.name, len(fam[1])))
+                fam[1].append(lines)
+            made[i] = (reading, base, new, tuple(slots), moved)
+        out = {}
         for name in sorted(by_name):
             metric, parts = by_name[name]
             old = kept.get(name)
             # the same line strings as last time, in the same order: compared by identity first
             same = old is not None and old.metric is metric and old.parts == parts
             out[name] = old if same and old is not None else Family(metric, parts)
-        self._readings, self._families = made, out
-        return list(out.values())
+        return out
+
+
+def _layout(chunks: Chunks) -> tuple[MetricDef, ...]:
+    """The families a reading's chunks go to, in order."""
+    return tuple(metric for metric, _ in chunks)
 
 
 DEFAULT = Exposure()
