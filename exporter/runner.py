@@ -330,9 +330,11 @@ class Runner:
                 continue
             snapshot = snapshot.with_node(added)
         rendered = render(snapshot, self.exposure)  # bytes are made when a scrape asks
-        self.published = rendered
         for body in self.cadence.due(started, self.interval):
             rendered.get(body)  # a steady scraper's next request meets this snapshot: make it now
+        # Published once made: a request meanwhile is served the last snapshot's bytes
+        # instead of waiting on this one's render.
+        self.published = rendered
         self._cycle_seconds = time.monotonic() - started
         return rendered
 
