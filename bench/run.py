@@ -40,6 +40,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -192,6 +193,19 @@ def render_saved(path: Path) -> str:
         raise ValueError(f"{path} {what}: not raw results as this bench/run.py saves them with --json") from e
 
 
+HANDWRITTEN = re.compile(r"^## .*\(hand-written\)$", re.MULTILINE)
+
+
+def handwritten(path: Path) -> str:
+    """The hand-written sections at the end of an existing report (from the first heading
+    that says so), kept when the generated part above them is written again."""
+    if not path.exists():
+        return ""
+    old = path.read_text()
+    found = HANDWRITTEN.search(old)
+    return "\n" + old[found.start() :] if found else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, help="write the Markdown report here (default: stdout)")
@@ -231,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         done = f"in {meta['duration_s']:.0f} s"
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        args.out.write_text(text + handwritten(args.out))
         log(f"wrote {args.out} {done}")
     else:
         print(text)

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from exporter import __version__
-from exporter.config import ConfigError, Settings, load
+from exporter.config import NUMBERS, ConfigError, Settings, flag_of, load, range_text, unknown_variables
 from exporter.nvml import NvmlUnavailable
 from exporter.sim.scenario import ScenarioError, builtin_names
 
@@ -36,7 +36,7 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="YAML settings file (keys are the setting names)")
     for name, f in Settings.model_fields.items():
         extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
-        flag = str(extra.get("flag") or "--" + name.replace("_", "-"))
+        flag = flag_of(name)
         kwargs: dict[str, Any] = {"dest": name, "default": None}
         if f.annotation is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
@@ -45,8 +45,10 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
         if extra.get("metavar"):
             kwargs["metavar"] = str(extra["metavar"])
         default = f.default if f.default not in (None, ()) else None
-        shown = f" (default {default})" if default is not None and f.annotation is not bool else ""
-        kwargs["help"] = f"{f.description}{shown}; LLMGPU_{name.upper()}".replace("%", "%%")
+        shown = [f"default {default}"] if default is not None and f.annotation is not bool else []
+        shown += [range_text(name)] if name in NUMBERS else []
+        shown_text = f" ({', '.join(shown)})" if shown else ""
+        kwargs["help"] = f"{f.description}{shown_text}; LLMGPU_{name.upper()}".replace("%", "%%")
         p.add_argument(flag, **kwargs)
 
 
@@ -158,9 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per engine scrape is noise
+    for line in unknown_variables():  # a typo is seen; an unrelated variable stops nothing
+        logging.getLogger("exporter.config").warning("%s", line)
     if settings.simulate and settings.simulate not in builtin_names():
         print(
-            f"llm-gpu-exporter: unknown scenario {settings.simulate!r}; known: {', '.join(builtin_names())}",
+            f"llm-gpu-exporter: setting 'simulate': unknown scenario {settings.simulate!r}; "
+            f"known: {', '.join(builtin_names())}",
             file=sys.stderr,
         )
         return EXIT_USAGE

@@ -39,6 +39,9 @@ KEPT_WHEN_DOWN = (DeviceFacts, Xid)
 KEPT_FAMILIES = {cls.family for cls in KEPT_WHEN_DOWN}
 DUE_SLACK_S = 0.005  # a wait may end a little before the grid point it was for
 COUNTERS_KEPT_S = 300.0  # Prometheus' lookback: a stalled collector's counters end after it
+# Publishing that has failed this long (or this many cycles, whichever is longer) makes
+# the process unhealthy: a restart is the cure a liveness probe can give.
+FAILING_S, FAILING_CYCLES = 30.0, 10
 Enricher = Callable[[Snapshot], tuple[object, ...]]
 Attribution = Callable[[str], Mapping[str, str]]  # GPU uuid -> namespace/pod/container
 
@@ -133,6 +136,8 @@ class Runner:
         self._publishing = threading.Lock()
         self._cycle_seconds = 0.0
         self._facts: dict[int, DeviceFacts] = {}  # last known, for GPUs that stopped answering
+        self._ended: dict[threading.Thread, str] = {}  # a thread that raised, and what
+        self._failing: tuple[float, str] | None = None  # publishing: since when, and why
         self.published: Rendered | None = None
 
     # ---- running -----------------------------------------------------------------------
@@ -147,10 +152,43 @@ class Runner:
         self._spawn("watchdog", self._watch)
 
     def _spawn(self, name: str, target: Callable[..., None], *args: object) -> threading.Thread:
-        t = threading.Thread(target=target, args=args, name=name, daemon=True)
-        t.start()
+        def run() -> None:
+            try:
+                target(*args)
+            except BaseException as err:  # the thread ends here; health() says so
+                self._ended[threading.current_thread()] = f"{type(err).__name__}: {err}"
+                log.critical("thread %s ended", threading.current_thread().name, exc_info=True)
+
+        t = threading.Thread(target=run, name=name, daemon=True)
         self._threads.append(t)
+        t.start()
         return t
+
+    def health(self) -> list[str]:
+        """Why this process should be restarted, one reason a line; empty while it is
+        sound. A thread of the runner that ended (a collector's, the publishing one, the
+        watchdog) never comes back, and publishing that fails every cycle serves nothing:
+        both would leave /metrics stale for good behind a process that still answers."""
+        if self._stop.is_set():
+            return []
+        with self._lock:
+            lanes = {lane.thread: lane for lane in self._lanes}
+        out = []
+        for t in list(self._threads):
+            if t.is_alive():
+                continue
+            lane = lanes.get(t)
+            ran = [] if lane is None else [s.collector.name for s in lane.slots]
+            if lane is not None and lane.publishes:
+                ran.append("publishing")
+            what = f" ({', '.join(ran)})" if ran else ""
+            out.append(f"thread {t.name}{what} ended: {self._ended.get(t, 'returned')}")
+        failing = self._failing
+        if failing is not None and time.monotonic() - failing[0] > max(
+            FAILING_S, FAILING_CYCLES * self.interval
+        ):
+            out.append(f"publishing has failed for {time.monotonic() - failing[0]:.0f} s: {failing[1]}")
+        return out
 
     def _add_lane(self, slots: Sequence[_Slot], publishes: bool = False) -> None:
         lane = _Lane(list(slots), publishes=publishes)
@@ -207,8 +245,12 @@ class Runner:
     def _publish_cycle(self) -> None:
         try:
             self.publish()
-        except Exception:  # a bug in one cycle must not end publishing
+        except Exception as err:  # a bug in one cycle must not end publishing
             log.exception("publishing a snapshot failed")
+            if self._failing is None:
+                self._failing = (time.monotonic(), f"{type(err).__name__}: {err}")
+        else:
+            self._failing = None
 
     def _watch(self) -> None:
         # Every other cycle: a hung call costs at most three cycles of publishing.
@@ -288,9 +330,11 @@ class Runner:
                 continue
             snapshot = snapshot.with_node(added)
         rendered = render(snapshot, self.exposure)  # bytes are made when a scrape asks
-        self.published = rendered
         for body in self.cadence.due(started, self.interval):
             rendered.get(body)  # a steady scraper's next request meets this snapshot: make it now
+        # Published once made: a request meanwhile is served the last snapshot's bytes
+        # instead of waiting on this one's render.
+        self.published = rendered
         self._cycle_seconds = time.monotonic() - started
         return rendered
 

@@ -147,13 +147,12 @@ def matrix() -> str:
 
 
 def settings_table() -> str:
-    """Every setting of exporter.config.Settings: its flag, environment variable and default."""
-    from exporter.config import Settings
+    """Every setting of exporter.config.Settings: its flag, default, valid values and meaning."""
+    from exporter.config import Settings, flag_of, range_text
 
-    rows = ["| setting | flag | default | meaning |", "|---|---|---|---|"]
+    rows = ["| setting | flag | default | valid | meaning |", "|---|---|---|---|---|"]
     for name, f in Settings.model_fields.items():
-        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
-        flag = str(extra.get("flag") or "--" + name.replace("_", "-"))
+        flag = flag_of(name)
         if f.annotation is bool:
             flag = f"{flag} / --no-{name.replace('_', '-')}"
         default = (
@@ -161,5 +160,6 @@ def settings_table() -> str:
             if f.default in (None, ())
             else f"`{str(f.default).lower() if isinstance(f.default, bool) else f.default}`"
         )
-        rows.append(f"| `{name}` | `{flag}` | {default} | {_cell(str(f.description))} |")
+        valid = _cell(range_text(name))
+        rows.append(f"| `{name}` | `{flag}` | {default} | {valid} | {_cell(str(f.description))} |")
     return "\n".join(rows)

@@ -17,7 +17,10 @@ connection is closed unanswered), `stale` (the page keeps the values of `at`), `
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
+
+from exporter.sim.scenario_input import SECONDS_MAX, number
 
 PROFILING_FIELDS = (
     "DCGM_FI_PROF_SM_ACTIVE",
@@ -62,9 +65,9 @@ def parse_spec(raw: Any) -> DcgmExporterSpec:
     unknown = set(raw) - {"interval", "fields", "hostname_label", "faults"}
     if unknown:
         raise ValueError(f"has unknown keys {sorted(unknown)}")
-    interval = raw.get("interval", 30.0)
-    if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
-        raise ValueError("interval must be a positive number of seconds")
+    interval = number(
+        raw.get("interval", 30.0), partial(ValueError, "interval must be seconds from 0.1 to 3600"), 0.1, 3600
+    )
     fields = tuple(raw.get("fields", PROFILING_FIELDS))
     bad = [f for f in fields if f not in PROFILING_FIELDS]
     if bad:
@@ -76,19 +79,23 @@ def parse_spec(raw: Any) -> DcgmExporterSpec:
     for i, f in enumerate(raw.get("faults") or []):
         if not isinstance(f, dict) or f.get("kind") not in DCGM_FAULT_KINDS:
             raise ValueError(f"faults[{i}].kind must be one of {', '.join(DCGM_FAULT_KINDS)}")
-        at, until = f.get("at", 0), f.get("until", float("inf"))
-        if not isinstance(at, int | float) or not isinstance(until, int | float) or until <= at:
-            raise ValueError(f"faults[{i}].at/until must be numbers of seconds with until > at")
-        try:
-            faults.append(
-                DcgmFault(
-                    kind=str(f["kind"]),
-                    at=float(at),
-                    until=float(until),
-                    seconds=float(f.get("seconds", 5.0)),
-                    bytes=int(f.get("bytes", 64 * 1024 * 1024)),
-                )
+        when = partial(
+            ValueError, f"faults[{i}].at/until must be seconds up to {SECONDS_MAX:g} with until > at"
+        )
+        at, until = number(f.get("at", 0), when, hi=SECONDS_MAX), f.get("until", float("inf"))
+        until = until if until == float("inf") else number(until, when, hi=SECONDS_MAX)
+        if until <= at:
+            raise when()
+        wrong = partial(
+            ValueError, f"faults[{i}]: seconds must be 0 to 3600, bytes an integer from 0 to 1 GiB"
+        )
+        faults.append(
+            DcgmFault(
+                kind=str(f["kind"]),
+                at=at,
+                until=until,
+                seconds=number(f.get("seconds", 5.0), wrong, hi=3600),
+                bytes=int(number(f.get("bytes", 64 * 1024 * 1024), wrong, hi=1024**3, integer=True)),
             )
-        except (TypeError, ValueError):
-            raise ValueError(f"faults[{i}]: seconds and bytes must be numbers") from None
-    return DcgmExporterSpec(float(interval), fields, str(host), tuple(faults))
+        )
+    return DcgmExporterSpec(interval, fields, str(host), tuple(faults))

@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from exporter.sim.drivers import Driver, Part, inline_part, resolve_driver
+from exporter.sim.scenario_input import number
 
 Fail = Callable[[str, str], Exception]  # (key, what it must be) -> the error to raise
 M = TypeVar("M")
@@ -33,7 +34,7 @@ def inline_model(raw: Mapping[str, Any], model: type[M], fail: Fail) -> tuple[M,
             continue
         v = values[name]
         if kind is float:
-            values[name] = _float(v, partial(fail, f"gpus.model.{name}", "a number"))
+            values[name] = number(v, partial(fail, f"gpus.model.{name}", "a number from 0 to 1e18"))
         elif type(v) is not kind:  # and so no true/false for a count
             raise fail(f"gpus.model.{name}", f"a {kind.__name__}")
     try:
@@ -41,16 +42,6 @@ def inline_model(raw: Mapping[str, Any], model: type[M], fail: Fail) -> tuple[M,
     except (TypeError, ValueError) as err:
         raise fail("gpus.model", str(err)) from None
     return model(**values), part
-
-
-def _float(v: Any, err: Callable[[], Exception]) -> float:
-    """A number; YAML 1.1 reads `1.59e9` as text, so numeric text counts too."""
-    if isinstance(v, bool):
-        raise err()
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise err() from None
 
 
 def recorded_driver(gpus: Mapping[str, Any], fail: Fail) -> Driver:

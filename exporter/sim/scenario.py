@@ -24,6 +24,7 @@ from exporter.nvml import FI_MEMORY_TEMP
 from exporter.sim.dcgm_spec import DcgmExporterSpec, parse_spec
 from exporter.sim.drivers import NO_QUIRKS, PARTS, DriverProfile
 from exporter.sim.recorded_gpus import identities, inline_model, recorded_driver
+from exporter.sim.scenario_input import SECONDS_MAX, bad_number, number, read_document, value_range
 
 
 class ScenarioError(ValueError):
@@ -358,10 +359,11 @@ def load_builtin(name: str) -> Scenario:
 
 
 def load_file(path: str | Path) -> Scenario:
+    """The scenario in a YAML file; a file that is none is a ScenarioError of one line."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise ScenarioError(f"{path}: {err}") from err
+        data = read_document(path)
+    except ValueError as err:
+        raise ScenarioError(f"{path}: {err}") from None
     return parse(data, source=str(path))
 
 
@@ -373,6 +375,8 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
 
     if not isinstance(data, dict):
         raise fail("<top level>", "a mapping")
+    if (bad := bad_number(data)) is not None:
+        raise fail(bad, "a finite number of sane size (NaN, infinity and over 1e18 are not)")
     known = {"name", "description", "gpus", "phases", "faults", "engines", "mig", "expect", "dcgm_exporter"}
     for key in data:
         if key not in known:
@@ -381,7 +385,7 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
     if not isinstance(gpus, dict):
         raise fail("gpus", "a mapping with count and model")
     count = gpus.get("count", 8)
-    if not isinstance(count, int) or not 1 <= count <= 1024:
+    if type(count) is not int or not 1 <= count <= 1024:
         raise fail("gpus.count", "an integer from 1 to 1024")
     model_name = gpus.get("model", "H100-80GB-SXM")
     if isinstance(model_name, dict):
@@ -414,11 +418,21 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
     mig = None
     if data.get("mig") is not None:
         m = data["mig"]
+        shape = partial(fail, "mig", "{gpus: [GPU indexes], instances: [{profile, memory_ratio (0-1], sms}]}")
         try:
-            inst = tuple((str(i["profile"]), float(i["memory_ratio"]), int(i["sms"])) for i in m["instances"])
-            mig = MigSpec(tuple(int(g) for g in m.get("gpus", range(count))), inst)
-        except (KeyError, TypeError, ValueError) as err:
-            raise fail("mig", "{gpus: [..], instances: [{profile, memory_ratio, sms}]}") from err
+            inst = tuple(
+                (
+                    str(i["profile"]),
+                    number(i["memory_ratio"], shape, 1e-6, 1.0),
+                    int(number(i["sms"], shape, 1, 4096, True)),
+                )
+                for i in m["instances"]
+            )
+            mig = MigSpec(
+                tuple(int(number(g, shape, 0, count - 1, True)) for g in m.get("gpus", range(count))), inst
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise shape() from err
     dcgm = None
     if data.get("dcgm_exporter") is not None:
         try:
@@ -475,33 +489,26 @@ def _values(
     for k, v in raw.items():
         if k not in keys:
             raise fail(f"{where}.{k}", f"one of the known quantities ({', '.join(keys)})")
-        out[k] = _number(v, partial(fail, f"{where}.{k}", "a number"))
+        lo, hi = value_range(k)
+        out[k] = number(v, partial(fail, f"{where}.{k}", f"a number from {lo:g} to {hi:g}"), lo, hi)
     return out
-
-
-def _number(v: Any, err: Callable[[], ScenarioError]) -> float:
-    """A number; YAML 1.1 reads `2e8` as a string, so numeric strings count too."""
-    if isinstance(v, bool):
-        raise err()
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise err() from None
 
 
 def _phase(raw: Any, i: int, fail: Callable[[str, str], ScenarioError], count: int) -> Phase:
     if not isinstance(raw, dict):
         raise fail(f"phases[{i}]", "a mapping")
     name = str(raw.get("name", f"phase{i}"))
-    duration = raw.get("duration")
-    if not isinstance(duration, int | float) or duration <= 0:
-        raise fail(f"phases.{name}.duration", "a positive number of seconds")
-    ramp = raw.get("ramp", 0)
-    if not isinstance(ramp, int | float) or ramp < 0:
-        raise fail(f"phases.{name}.ramp", "a number of seconds >= 0")
+    seconds = f"seconds from {{}} to {SECONDS_MAX:g}"
+    duration = number(
+        raw.get("duration"),
+        partial(fail, f"phases.{name}.duration", seconds.format(0.001)),
+        0.001,
+        SECONDS_MAX,
+    )
+    ramp = number(raw.get("ramp", 0), partial(fail, f"phases.{name}.ramp", seconds.format(0)), hi=SECONDS_MAX)
     per_gpu = {}
     for g, vals in (raw.get("gpus") or {}).items():
-        if not isinstance(g, int) or not 0 <= g < count:
+        if type(g) is not int or not 0 <= g < count:
             raise fail(f"phases.{name}.gpus.{g}", f"a GPU index below {count}")
         per_gpu[g] = _values(vals, GPU_KEYS, f"phases.{name}.gpus.{g}", fail)
     per_engine = {
@@ -510,8 +517,8 @@ def _phase(raw: Any, i: int, fail: Callable[[str, str], ScenarioError], count: i
     }
     return Phase(
         name=name,
-        duration=float(duration),
-        ramp=float(ramp),
+        duration=duration,
+        ramp=ramp,
         gpu=_values(raw.get("gpu"), GPU_KEYS, f"phases.{name}.gpu", fail),
         gpus=per_gpu,
         engine=_values(raw.get("engine"), ENGINE_KEYS, f"phases.{name}.engine", fail),
@@ -522,28 +529,32 @@ def _phase(raw: Any, i: int, fail: Callable[[str, str], ScenarioError], count: i
 def _engine(raw: Any, i: int, fail: Callable[[str, str], ScenarioError], count: int) -> EngineSpec:
     if not isinstance(raw, dict) or "name" not in raw:
         raise fail(f"engines[{i}]", "a mapping with at least a name")
-    gpus = tuple(raw.get("gpus", range(count)))
-    if not all(isinstance(g, int) and 0 <= g < count for g in gpus):
-        raise fail(f"engines.{raw['name']}.gpus", f"GPU indexes below {count}")
+    gpus = raw.get("gpus", list(range(count)))
+    if not isinstance(gpus, list) or not all(type(g) is int and 0 <= g < count for g in gpus):
+        raise fail(f"engines.{raw['name']}.gpus", f"a list of GPU indexes below {count}")
     numa = raw.get("cpu_numa_nodes")
     if numa is not None and (
-        not isinstance(numa, list) or not numa or not all(isinstance(n, int) and n >= 0 for n in numa)
+        not isinstance(numa, list) or not numa or not all(type(n) is int and 0 <= n < 1024 for n in numa)
     ):
         raise fail(f"engines.{raw['name']}.cpu_numa_nodes", "a list of NUMA node numbers")
-    try:
-        return EngineSpec(
-            name=str(raw["name"]),
-            model=str(raw.get("model", "meta-llama/Llama-3.1-8B-Instruct")),
-            gpus=gpus,
-            kind=str(raw.get("kind", "vllm")),
-            block_size=int(raw.get("block_size", 16)),
-            num_gpu_blocks=int(raw.get("num_gpu_blocks", 20000)),
-            gpu_memory_utilization=float(raw.get("gpu_memory_utilization", 0.9)),
-            max_num_seqs=int(raw.get("max_num_seqs", 256)),
-            cpu_numa_nodes=tuple(numa) if numa is not None else None,
+
+    def size(key: str, default: float, lo: float, hi: float, integer: bool = True) -> float:
+        what = f"{'an integer' if integer else 'a number'} from {lo:g} to {hi:g}"
+        return number(
+            raw.get(key, default), partial(fail, f"engines.{raw['name']}.{key}", what), lo, hi, integer
         )
-    except (TypeError, ValueError) as err:
-        raise fail(f"engines.{raw['name']}", f"engine settings of the right types ({err})") from err
+
+    return EngineSpec(
+        name=str(raw["name"]),
+        model=str(raw.get("model", "meta-llama/Llama-3.1-8B-Instruct")),
+        gpus=tuple(gpus),
+        kind=str(raw.get("kind", "vllm")),
+        block_size=int(size("block_size", 16, 1, 4096)),
+        num_gpu_blocks=int(size("num_gpu_blocks", 20000, 1, 1e9)),
+        gpu_memory_utilization=size("gpu_memory_utilization", 0.9, 0.01, 1.0, integer=False),
+        max_num_seqs=int(size("max_num_seqs", 256, 1, 1e6)),
+        cpu_numa_nodes=tuple(numa) if numa is not None else None,
+    )
 
 
 def _fault(raw: Any, i: int, fail: Callable[[str, str], ScenarioError], count: int) -> Fault:
@@ -553,22 +564,30 @@ def _fault(raw: Any, i: int, fail: Callable[[str, str], ScenarioError], count: i
     if kind not in FAULT_KINDS:
         raise fail(f"faults[{i}].kind", f"one of {', '.join(FAULT_KINDS)}")
     gpu = raw.get("gpu")
-    if gpu is not None and (not isinstance(gpu, int) or not 0 <= gpu < count):
+    if gpu is not None and (type(gpu) is not int or not 0 <= gpu < count):
         raise fail(f"faults[{i}].gpu", f"a GPU index below {count}")
-    at = raw.get("at", 0)
+    when = partial(fail, f"faults[{i}].at/until", f"numbers of seconds up to {SECONDS_MAX:g} with until > at")
+    at = number(raw.get("at", 0), when, hi=SECONDS_MAX)
     until = raw.get("until", float("inf"))
-    if not isinstance(at, int | float) or not isinstance(until, int | float) or until <= at:
-        raise fail(f"faults[{i}].at/until", "numbers of seconds with until > at")
+    until = until if until == float("inf") else number(until, when, hi=SECONDS_MAX)
+    if until <= at:
+        raise when()
     if kind in ("error", "hang") and not isinstance(raw.get("function"), str):
         raise fail(f"faults[{i}].function", "the name of an NVML function")
+    hang = number(
+        raw.get("seconds", 0.0), partial(fail, f"faults[{i}].seconds", "seconds from 0 to 86400"), hi=86400
+    )
+    xid = number(
+        raw.get("xid", 0), partial(fail, f"faults[{i}].xid", "an XID from 0 to 65535"), hi=65535, integer=True
+    )
     return Fault(
         kind=kind,
-        at=float(at),
-        until=float(until),
+        at=at,
+        until=until,
         gpu=gpu,
         function=raw.get("function"),
         error=str(raw.get("error", "Unknown")),
-        seconds=float(raw.get("seconds", 0.0)),
-        xid=int(raw.get("xid", 0)),
+        seconds=hang,
+        xid=int(xid),
         engine=raw.get("engine"),
     )

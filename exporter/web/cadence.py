@@ -3,9 +3,12 @@
 Prometheus scrapes a target at a fixed interval and a fixed phase within it, so once a
 few scrapes have come from one client, the next is due one interval after the last.
 The cycle that publishes the snapshot that scrape will meet makes the body right after
-publishing, in the background: the scrape then costs what any request does. Bodies no
-one scrapes are never made; a client whose scrapes come irregularly is served as
-before, rendering on its request.
+publishing, in the background: the scrape then costs what any request does. A client
+that asked for a body at least BUSY times in the last cycle (scraping back to back, or
+faster than the cycle) will ask for the next snapshot's too: it is made the same way,
+at no cost its own requests would not have paid. Bodies no one scrapes are never made;
+a client whose scrapes come irregularly and seldom is served as before, rendering on
+its request.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ KEEP = 4  # arrivals per client and body: three intervals
 STEADY = 0.1  # the intervals may differ by this share of their median
 MISSED = 3  # periods without a scrape after which a client is no longer expected
 CLIENTS = 16  # (client, body) pairs followed; the least recent is forgotten first
+BUSY = 3  # requests for one body in one cycle: a client scraping faster than the cycle
 
 
 class Cadence:
@@ -43,6 +47,9 @@ class Cadence:
             followed = [(body, tuple(times)) for (_, body), times in self._seen.items()]
         out = set()
         for body, times in followed:
+            if len(times) >= BUSY and start - cycle <= times[-BUSY] <= times[-1] <= start:  # busy
+                out.add(body)
+                continue
             nxt = _next(times, start - margin)
             if nxt is not None and nxt < start + cycle + margin:
                 out.add(body)

@@ -83,6 +83,11 @@ def create_app(
 
     @app.get("/healthz")
     async def healthz() -> PlainTextResponse:
+        # Liveness: 503 once a thread that collects or publishes has ended, or publishing
+        # keeps failing; nothing short of a restart brings them back (/readyz says stale).
+        reasons = runner.health()
+        if reasons:
+            return PlainTextResponse("".join(f"{r}\n" for r in reasons), status_code=503)
         return PlainTextResponse("ok\n")
 
     @app.get("/readyz")

@@ -42,6 +42,17 @@ def test_irregular_or_too_few_scrapes_make_nothing_ahead() -> None:
     assert all(not c.due(t / 10, cycle=1.0) for t in range(1000, 1300))
 
 
+def test_a_client_asking_faster_than_the_cycle_is_due_every_cycle() -> None:
+    c = Cadence()
+    for t in (100.10, 100.13, 100.31, 100.62, 100.64):  # back to back, irregularly
+        c.seen("bench", "text_gzip", t)
+    assert c.due(100.9, cycle=1.0) == {"text_gzip"}
+    assert c.due(101.5, cycle=1.0) == set()  # quiet for a cycle: no longer
+    for t in (200.0, 200.7):  # twice in a cycle is not yet busy
+        c.seen("me", "text", t)
+    assert c.due(200.9, cycle=1.0) == set()
+
+
 def test_two_prometheus_replicas_each_keep_their_own_phase() -> None:
     c = Cadence()
     for k in range(3):  # interleaved: a scrape every 7.5 s in all, each replica's every 15 s

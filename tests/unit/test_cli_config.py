@@ -29,7 +29,7 @@ def test_precedence_flags_env_file(tmp_path: Path) -> None:
         ({}, "interval: fast\n", {}, "'interval' must be a number, got 'fast'"),
         ({}, "discover_kubernetes: maybe\n", {}, "'discover_kubernetes' must be a boolean"),
         ({}, "colour: blue\n", {}, "unknown setting 'colour'"),
-        ({}, "", {"LLMGPU_ENGINE_TIMEOUT": "-1"}, "'LLMGPU_ENGINE_TIMEOUT' must not be negative"),
+        ({}, "", {"LLMGPU_ENGINE_TIMEOUT": "-1"}, "'LLMGPU_ENGINE_TIMEOUT' must be from 0.1 to 300"),
         ({"listen": "9445"}, "", {}, "'listen' must be HOST:PORT"),
         ({}, "- a list\n", {}, "must be a mapping"),
     ],

@@ -224,3 +224,15 @@ def test_config_schema_covers_exactly_the_exporter_settings() -> None:
             assert spec["type"] == json_types[hint], key
         else:  # Optional[...]
             assert "null" in spec["type"], key
+
+
+def test_config_schema_ranges_are_the_settings_ranges() -> None:
+    """A value the exporter refuses at start (exit 2, a pod in CrashLoopBackOff) is
+    refused by `helm install` first: the schema's bounds are the settings' own."""
+    config = pytest.importorskip("exporter.config")
+    names = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum"}
+    for key, spec in SCHEMA["properties"]["config"]["properties"].items():
+        bounds = config.bounds(config.Settings.model_fields[key]) if key in config.NUMBERS else {}
+        want = {names[k]: v for k, v in bounds.items() if k in names}
+        got = {k: v for k, v in spec.items() if k in names.values()}
+        assert got == want, key
