@@ -10,10 +10,10 @@ makes the frame both from a snapshot (`frame_of`) and from a TSDB's rows (`frame
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from functools import cached_property
-from typing import Any
+from functools import cached_property, partial
+from typing import Any, TypeVar
 
 from exporter.allocator_readings import AllocatorProbes, AllocatorProcess
 from exporter.diagnosis.inputs import (
@@ -26,6 +26,7 @@ from exporter.diagnosis.inputs import (
     GPU,
     GPU_CLASSES,
     GPU_UP,
+    INFO,
     KEYS,
     LIVE_ONLY,
     MIG,
@@ -46,6 +47,7 @@ from exporter.gpu_specs import spec_of
 from exporter.metricdef import Labels, MetricDef, kept, samples
 from exporter.snapshot import ExporterInfo, GpuUp, Snapshot
 
+T = TypeVar("T")
 THERMAL_REASONS = ("sw_thermal", "hw_thermal", "hw_slowdown")
 POWER_REASONS = ("sw_power_cap", "hw_power_brake")
 
@@ -217,12 +219,17 @@ def place(family: str, labels: Labels, value: float) -> Placed | None:
     scope, match = found
     if match and not all(label(labels, k) == v for k, v in match):
         return None
-    key = tuple(v for k in KEYS[scope] if (v := label(labels, k)) is not None)
-    if len(key) < len(KEYS[scope]) or (scope != "engine" and key and not key[0].isdigit()):
-        return None  # not on a GPU (or target) it names
+    key: list[str] = []
+    for name in KEYS[scope]:
+        v = label(labels, name)
+        if v is None:
+            return None  # not on a subject it names
+        key.append(v)
+    if scope != "engine" and key and not key[0].isdigit():
+        return None  # not on a GPU
     if scope in ON_A_GPU:
-        return scope, key[0], key[1:], family, (labels, value)
-    return scope, "", key, family, (labels, value)
+        return scope, key[0], tuple(key[1:]), family, (labels, value)
+    return scope, "", tuple(key), family, (labels, value)
 
 
 def placed(metric: MetricDef, labels: Labels, value: Any) -> Placed | None:
@@ -355,11 +362,23 @@ _WALKED_NODE = tuple(c for c in NODE_CLASSES if _WALKED(c))
 Getter = tuple[str, type | None, str, Callable[[Any, Source], Any], Source]
 
 
+def _getter(src: Source, own: type) -> Getter:
+    """How the live frame reads a source: (how, class, field or family, reduction, source).
+    `how` is "scalar" (a field's value as a float), "as is" (an info field's mapping),
+    "field" (the reduction's field form) or "rows" (its rows form, on the walked rows);
+    the class is None for the subject's own reading."""
+    if src.family not in FIELD_FORM or src.reduce.field is None:
+        return "rows", None, src.family, src.reduce.rows, src
+    owner, attr = FIELDS[src.family]
+    how = "scalar" if src.reduce in SCALAR else "as is" if src.reduce is INFO else "field"
+    return how, None if owner is own else owner, attr, src.reduce.field, src
+
+
 @dataclass(frozen=True)
 class _Live:
-    """A scope's inputs, ready for the live frame, which is made every cycle: `plain` are
-    fields' values as floats, by reading class (None: the subject's own reading), `shaped`
-    the others with their getters."""
+    """A scope's inputs, ready for the live frame, which is made every cycle (so its loops
+    are tight): `plain` are fields' values as floats, by reading class (None: the
+    subject's own reading); `shaped` the others, with their getters and normaliser."""
 
     plain: tuple[tuple[type | None, tuple[tuple[str, str], ...]], ...]
     shaped: tuple[tuple[str, Callable[..., Any] | None, tuple[Getter, ...]], ...]
@@ -370,8 +389,8 @@ class _Live:
         shaped = []
         for inp in inputs:
             getters = tuple(_getter(s, own) for s in inp.sources)
-            kind, owner, attr, _, src = getters[0]
-            if len(getters) == 1 and kind == "field" and inp.normalise is None and src.reduce in SCALAR:
+            how, owner, attr, _, _ = getters[0]
+            if len(getters) == 1 and how == "scalar" and inp.normalise is None:
                 plain.setdefault(owner, []).append((inp.field, attr))
             else:
                 shaped.append((inp.field, inp.normalise, getters))
@@ -389,35 +408,21 @@ class _Live:
                     if value is not None:
                         fields[field] = float(value)
         for field, normalise, getters in self.shaped:
-            if len(getters) == 1 and normalise is not None:  # most: one source, normalised
-                kind, owner, attr, reduce, src = getters[0]
-                if kind == "rows":
-                    fields[field] = normalise(reduce(walked.get(attr, ()), src))
-                else:
-                    reading = own if owner is None else readings.get(owner)
-                    fields[field] = normalise(
-                        reduce(None if reading is None else getattr(reading, attr), src)
-                    )
-                continue
             values = []
-            for kind, owner, attr, reduce, src in getters:
-                if kind == "rows":
+            for how, owner, attr, reduce, src in getters:
+                if how == "rows":
                     values.append(reduce(walked.get(attr, ()), src))
+                    continue
+                reading = own if owner is None else readings.get(owner)
+                value = None if reading is None else getattr(reading, attr)
+                if how == "scalar":
+                    values.append(None if value is None else float(value))
+                elif how == "as is":
+                    values.append(value)
                 else:
-                    reading = own if owner is None else readings.get(owner)
-                    values.append(reduce(None if reading is None else getattr(reading, attr), src))
+                    values.append(reduce(value, src))
             fields[field] = values[0] if normalise is None else normalise(*values)
         return fields
-
-
-def _getter(src: Source, own: type) -> Getter:
-    """("field", class or None for the subject's own, field, field form, source) for a
-    source read off a subject's field; ("rows", None, family, rows form, source) for one
-    read from the walked rows."""
-    if src.family in FIELD_FORM and src.reduce.field is not None:
-        owner, attr = FIELDS[src.family]
-        return "field", None if owner is own else owner, attr, src.reduce.field, src
-    return "rows", None, src.family, src.reduce.rows, src
 
 
 _GPU = _Live.of(GPU, GpuUp)  # a GPU's own reading is its GpuState: its up and supported
@@ -426,68 +431,87 @@ _ENGINE, _NODE = _Live.of(ENGINE, EngineTargetReading), _Live.of(NODE, ExporterI
 _NONE: Mapping[type, object] = {}
 
 
-class _Walks:
-    """The walked samples of each reading, kept for the next cycle: a reading that a slower
-    collector has not renewed (processes and MIG every 5 s, engines every engine interval)
-    is the same object, and its samples are the same."""
+class _Reuse:
+    """What the live frame made of a reading last cycle, by key. A reading that a slower
+    collector has not renewed (processes and MIG every 5 s, engines every engine interval,
+    allocator probes) is the same object, or an equal one (the engine-GPU join, made anew
+    each cycle), and what is made of it is the same."""
 
     def __init__(self) -> None:
-        self._last: dict[tuple[int, Labels], tuple[object, list[Placed]]] = {}
+        self._last: dict[Hashable, tuple[object, Any]] = {}
+        self._now: dict[Hashable, tuple[object, Any]] = {}
 
-    def rows(self, snapshot: Snapshot) -> Grouped:
-        rows, last = Grouped(), self._last
-        now: dict[tuple[int, Labels], tuple[object, list[Placed]]] = {}
-        walks: list[tuple[object, Labels]] = []
-        for cls in _WALKED_NODE:
-            walks += [(r, ()) for r in snapshot.node.get(cls, ())]
-        for state in snapshot.gpus:
-            for cls in _WALKED_GPU:
-                if (reading := state.readings.get(cls)) is not None:
-                    walks.append((reading, state.base_labels))
-        for reading, base in walks:
-            key = (id(reading), base)
-            hit = last.get(key)
-            if hit is None or hit[0] is not reading:  # labelled as the exposition labels them
-                found = [placed(*s) for s in samples(reading, base, _WALKED)]
-                hit = (reading, [p for p in found if p is not None])
-            now[key] = hit
-            for where in hit[1]:
-                rows.put(where)
-        self._last = now  # what this cycle did not see is let go
-        return rows
+    def get(self, key: Hashable, reading: object, make: Callable[[], T]) -> T:
+        hit = self._last.get(key)
+        if hit is None or not (hit[0] is reading or hit[0] == reading):
+            hit = (reading, make())
+        self._now[key] = hit
+        made: T = hit[1]
+        return made
+
+    def cycle(self) -> None:
+        """What this cycle did not use is let go."""
+        self._last, self._now = self._now, {}
 
 
-_WALKS = _Walks()
+_REUSE = _Reuse()
+
+
+def _walk(reading: object, base: Labels) -> list[Placed]:
+    """A reading's samples of the walked families, labelled as the exposition labels them."""
+    found = [placed(*s) for s in samples(reading, base, _WALKED)]
+    return [p for p in found if p is not None]
+
+
+def _allocators(probes: tuple[AllocatorProbes, ...]) -> dict[str, tuple[AllocFrame, ...]]:
+    """Each probed process' allocator, by the GPU it runs on."""
+    reports = {(r.uuid or "", r.pid): r for p in probes for r in p.reports}
+    out: dict[str, list[AllocFrame]] = {}
+    for proc in sorted((q for p in probes for q in p.processes), key=lambda q: (q.pid, q.uuid)):
+        fields = _ALLOCATOR.read(proc, _NONE, {})
+        _live_only(fields, "allocator", reports.get((proc.uuid, proc.pid)), None)
+        out.setdefault(proc.gpu, []).append(AllocFrame(pid=proc.pid, uuid=proc.uuid, **fields))
+    return {gpu: tuple(frames) for gpu, frames in out.items()}
+
+
+def _migs(mig: Mig | None) -> tuple[MigFrame, ...]:
+    instances = (
+        sorted(mig.instances, key=lambda i: (i.gpu_instance, i.compute_instance, i.mig_uuid)) if mig else ()
+    )
+    return tuple(MigFrame(uuid=i.mig_uuid, **_MIG.read(i, _NONE, {})) for i in instances)
+
+
+def _live_engine(target: str, reading: EngineTargetReading, subject: Rows) -> EngineFrame:
+    fields = _ENGINE.read(reading, _NONE, subject)
+    _live_only(fields, "engine", reading, None)
+    return _engine(target, fields, subject)
 
 
 def frame_of(snapshot: Snapshot) -> Frame:
     """The live frame: every declared input, from the snapshot's readings."""
-    rows = _WALKS.rows(snapshot)
-    probes: dict[str, list[AllocatorProcess]] = {}
-    for p in snapshot.all(AllocatorProbes):
-        for proc in p.processes:
-            probes.setdefault(proc.gpu, []).append(proc)
-    reports = {(r.uuid or "", r.pid): r for p in snapshot.all(AllocatorProbes) for r in p.reports}
+    reuse, rows = _REUSE, Grouped()
+    for cls in _WALKED_NODE:
+        for i, reading in enumerate(snapshot.node.get(cls, ())):
+            for where in reuse.get((cls, i), reading, partial(_walk, reading, ())):
+                rows.put(where)
+    for state in snapshot.gpus:
+        base = state.base_labels
+        for cls in _WALKED_GPU:
+            if (found := state.readings.get(cls)) is not None:
+                for where in reuse.get((cls, base), found, partial(_walk, found, base)):
+                    rows.put(where)
+    probes = snapshot.all(AllocatorProbes)
+    allocators = reuse.get(AllocatorProbes, probes, partial(_allocators, probes))
     gpus = []
     for state in snapshot.gpus:
         index = str(state.index)
         mig = state.get(Mig)
-        instances = (
-            sorted(mig.instances, key=lambda i: (i.gpu_instance, i.compute_instance, i.mig_uuid))
-            if mig
-            else ()
-        )
-        allocators = []
-        for proc in sorted(probes.get(index, ()), key=lambda p: (p.pid, p.uuid)):
-            fields = _ALLOCATOR.read(proc, _NONE, {})
-            _live_only(fields, "allocator", reports.get((proc.uuid, proc.pid)), None)
-            allocators.append(AllocFrame(pid=proc.pid, uuid=proc.uuid, **fields))
         gpus.append(
             GpuFrame(
                 index=state.index,
                 uuid=state.uuid,
-                mig=tuple(MigFrame(uuid=i.mig_uuid, **_MIG.read(i, _NONE, {})) for i in instances),
-                allocators=tuple(allocators),
+                mig=reuse.get((Mig, index), mig, partial(_migs, mig)),
+                allocators=allocators.get(index, ()),
                 **_GPU.read(state, state.readings, rows.by["gpu"].get((index,), {})),
             )
         )
@@ -496,9 +520,10 @@ def frame_of(snapshot: Snapshot) -> Frame:
     for (target,), subject in sorted(rows.by["engine"].items()):
         reading = targets.get(target)
         if ENGINE_UP in subject and reading is not None:
-            fields = _ENGINE.read(reading, _NONE, subject)
-            _live_only(fields, "engine", reading, None)
-            engines.append(_engine(target, fields, subject))
+            # made again when the engine is scraped again or its GPUs change
+            key = (reading, subject.get("llmgpu_engine_gpu_info"))
+            engines.append(reuse.get((Engines, target), key, partial(_live_engine, target, reading, subject)))
+    reuse.cycle()
     info = snapshot.get(ExporterInfo)
     node = _NODE.read(info, _NONE, {}) if info is not None else {}
     return Frame(snapshot.taken_at, tuple(gpus), tuple(engines), **node)

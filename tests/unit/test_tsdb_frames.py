@@ -354,3 +354,35 @@ def test_a_power_brake_is_not_heat_from_a_store(sim) -> None:  # type: ignore[no
         _, _, diagnosis = diagnoser.step(frame)
     found = {f.id for f in diagnosis.findings}
     assert "hardware/power_throttle" in found and "hardware/thermal_throttle" not in found
+
+
+# ---- what the live frame keeps between cycles ---------------------------------------------
+
+
+def test_what_the_live_frame_reuses_is_never_stale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cycles as `serve` runs them (each collector on its own interval, so slower ones leave
+    their readings to the next cycles): each frame equals one made with nothing kept."""
+    from exporter.diagnosis import frame as live
+
+    clock = sim_node.ManualClock()
+    exporter = sim_node.build(Settings(simulate="fragmented-allocator", interval=1.0), clock)
+    runner, checked = exporter.runner, 0
+    try:
+        for t in range(0, 140, 7):  # the scenario's phases change at 120 s
+            for second in range(t, t + 7):
+                clock.t = float(second)
+                if exporter.environment.before_step is not None:
+                    exporter.environment.before_step()
+                for slot in runner._slots:
+                    if second % max(1, round(slot.collector.interval_s)) == 0:
+                        slot.collector.refresh()
+                        runner.run_collector(slot)
+                snap = runner.publish().snapshot
+                kept = frame_of(snap)
+                with monkeypatch.context() as m:
+                    m.setattr(live, "_REUSE", live._Reuse())
+                    assert kept == frame_of(snap), f"at {second} s"
+                checked += 1
+    finally:
+        exporter.close()
+    assert checked == 140 and kept.gpus[0].allocators and kept.engines
