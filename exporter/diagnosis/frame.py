@@ -1,38 +1,53 @@
-"""The numbers the rules read, pulled out of a Snapshot once per cycle.
+"""The numbers the rules read: one `Frame` per cycle, live or rebuilt from stored series.
 
-A `Frame` is a flat, typed view of one snapshot: per GPU, per engine, per allocator
-probe. The rules and the history work on frames only, so they never depend on how a
-reading class nests its fields, and a history of frames is small (a few hundred bytes
-per GPU per sample) where a history of snapshots would keep every reading alive.
+A `Frame` is a flat, typed view of one moment of a node: per GPU, per engine, per
+allocator probe. The rules and the history work on frames only, so they never depend on
+how a reading class nests its fields, and a history of frames is small (a few hundred
+bytes per GPU per sample) where a history of snapshots would keep every reading alive.
+Where each field comes from is declared once, in `exporter/diagnosis/inputs.py`, which
+makes the frame both from a snapshot (`frame_of`) and from a TSDB's rows (`frame_at`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from functools import cached_property
-from types import MappingProxyType
+from functools import cached_property, partial
+from typing import Any, TypeVar
 
-from exporter.allocator_readings import AllocatorProbes
-from exporter.diagnosis.pidns import ns_pids
-from exporter.engines.readings import EngineGpus, Engines, EngineSeries, EngineTargetReading
-from exporter.gpu_readings import (
-    Clocks,
-    DeviceFacts,
-    Ecc,
-    Memory,
-    Mig,
-    NvLink,
-    Pcie,
-    Power,
-    Processes,
-    Profiling,
-    Utilization,
-    Xid,
+from exporter.allocator_readings import AllocatorProbes, AllocatorProcess
+from exporter.diagnosis.inputs import (
+    ALLOCATOR,
+    ENGINE,
+    ENGINE_UP,
+    FAMILIES,
+    FIELD_FORM,
+    FIELDS,
+    GPU,
+    GPU_CLASSES,
+    GPU_UP,
+    INFO,
+    KEYS,
+    LIVE_ONLY,
+    MIG,
+    NODE,
+    NODE_CLASSES,
+    SCALAR,
+    SERIES_FAMILIES,
+    Input,
+    Row,
+    Rows,
+    Scope,
+    Source,
+    label,
 )
+from exporter.engines.readings import Engines, EngineTargetReading
+from exporter.gpu_readings import Mig, MigInstance
 from exporter.gpu_specs import spec_of
-from exporter.snapshot import GpuState, Snapshot
+from exporter.metricdef import Labels, MetricDef, kept, samples
+from exporter.snapshot import ExporterInfo, GpuUp, Snapshot
 
+T = TypeVar("T")
 THERMAL_REASONS = ("sw_thermal", "hw_thermal", "hw_slowdown")
 POWER_REASONS = ("sw_power_cap", "hw_power_brake")
 
@@ -61,8 +76,8 @@ class AllocFrame:
 @dataclass(frozen=True, slots=True)
 class MigFrame:
     uuid: str
-    memory_used_bytes: float | None
-    memory_total_bytes: float | None
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,202 +203,327 @@ class Frame:
         return self._by_target.get(target)
 
 
-# ---- from a snapshot -----------------------------------------------------------------
+# ---- rows, grouped by subject -----------------------------------------------------------
+
+Subject = dict[str, list[Row]]
+ON_A_GPU: tuple[Scope, ...] = ("mig", "allocator")  # subjects that belong to the GPU of their key
+Placed = tuple[Scope, str, tuple[str, ...], str, Row]  # scope, GPU, key, family, row
+
+
+def place(family: str, labels: Labels, value: float) -> Placed | None:
+    """Where a sample goes: its scope, the GPU of a per-GPU scope, its subject's key; None
+    for a family no input reads, a series the matchers leave out or one on no subject."""
+    found = FAMILIES.get(family)
+    if found is None:
+        return None
+    scope, match = found
+    if match and not all(label(labels, k) == v for k, v in match):
+        return None
+    key: list[str] = []
+    for name in KEYS[scope]:
+        v = label(labels, name)
+        if v is None:
+            return None  # not on a subject it names
+        key.append(v)
+    if scope != "engine" and key and not key[0].isdigit():
+        return None  # not on a GPU
+    if scope in ON_A_GPU:
+        return scope, key[0], tuple(key[1:]), family, (labels, value)
+    return scope, "", tuple(key), family, (labels, value)
+
+
+def placed(metric: MetricDef, labels: Labels, value: Any) -> Placed | None:
+    """`place` for a sample as `metricdef.samples` gives it, written as the exposition writes it."""
+    if metric.kind == "info":
+        return place(metric.name, labels + tuple((k, str(v)) for k, v in value.items()), 1.0)
+    return place(metric.name, labels, float(value))
+
+
+class Grouped:
+    """The declared families' samples, by scope and subject key; MIG instances and
+    allocator probes by GPU first."""
+
+    def __init__(self) -> None:
+        self.by: dict[Scope, dict[tuple[str, ...], Subject]] = {s: {} for s in KEYS}
+        self.on_gpu: dict[Scope, dict[str, dict[tuple[str, ...], Subject]]] = {s: {} for s in ON_A_GPU}
+
+    def put(self, where: Placed) -> None:
+        scope, gpu, key, family, row = where
+        table = self.on_gpu[scope].setdefault(gpu, {}) if gpu else self.by[scope]
+        subject = table.setdefault(key, {})
+        rows = subject.get(family)
+        if rows is None:
+            subject[family] = [row]
+        else:
+            rows.append(row)
+
+    def add(self, family: str, labels: Labels, value: float) -> None:
+        where = place(family, labels, value)
+        if where is not None:
+            self.put(where)
+
+    def under(self, scope: Scope, gpu: str) -> list[tuple[tuple[str, ...], Subject]]:
+        """The subjects of a per-GPU scope on one GPU, by the rest of their key."""
+        return sorted(self.on_gpu[scope].get(gpu, {}).items())
+
+
+def _read(inputs: Iterable[Input], subject: Rows) -> dict[str, Any]:
+    """Each input's field from stored rows: its sources reduced, then normalised."""
+    return {
+        inp.field: inp.of([s.reduce.rows(subject.get(s.family, ()), s) for s in inp.sources])
+        for inp in inputs
+    }
+
+
+def _index(text: str | None) -> int:
+    return int(text) if text and text.isdigit() else -1
+
+
+def _live_only(fields: dict[str, Any], scope: Scope, reading: object, taken_at: float | None) -> None:
+    """Live (`reading` given): what the subject's reading says. Stored: the stand-in, if any."""
+    for lo in LIVE_ONLY:
+        if lo.scope != scope:
+            continue
+        if reading is not None:
+            fields[lo.field] = lo.live(reading)
+        elif taken_at is not None and lo.stored is not None:
+            fields[lo.field] = lo.stored(fields, taken_at)
+
+
+def _engine(target: str, fields: dict[str, Any], subject: Rows) -> EngineFrame:
+    """An engine frame, named for a person: its series' models (or its kind) and where it listens."""
+    models = sorted(
+        {
+            m
+            for f, rows in subject.items()
+            if f in SERIES_FAMILIES
+            for lb, _ in rows
+            if (m := label(lb, "model"))
+        }
+    )
+    kinds = [label(lb, "engine") for lb, _ in subject.get(ENGINE_UP, ())]
+    kind = next((k for k in kinds if k and k != "unknown"), "")
+    short = ", ".join(m.rsplit("/", 1)[-1] for m in models) or kind or "engine"
+    return EngineFrame(
+        target=target, name=f"{short} @ {short_target(target)}", model=", ".join(models), kind=kind, **fields
+    )
+
+
+# ---- the frame from stored rows ------------------------------------------------------------
+
+
+def frame_at(stored: Mapping[str, Iterable[Row]], taken_at: float) -> Frame:
+    """The frame of one scrape time from the rows a store returned for it, by family."""
+    rows = Grouped()
+    for family, items in stored.items():
+        for labels, value in items:
+            rows.add(family, labels, value)
+    gpus = []
+    for (index,), subject in sorted(rows.by["gpu"].items(), key=lambda kv: int(kv[0][0])):
+        ups = subject.get(GPU_UP)
+        if not ups:
+            continue
+        migs = []
+        for (uuid,), inst in rows.under("mig", index):
+            lb = next(iter(inst.values()))[0][0]
+            order = (_index(label(lb, "gpu_instance")), _index(label(lb, "compute_instance")), uuid)
+            migs.append((order, MigFrame(uuid=uuid, **_read(MIG, inst))))
+        allocators = [
+            AllocFrame(pid=int(pid), uuid=uuid, **_read(ALLOCATOR, probe))
+            for (uuid, pid), probe in rows.under("allocator", index)
+            if pid.isdigit()
+        ]
+        gpus.append(
+            GpuFrame(
+                index=int(index),
+                uuid=label(ups[0][0], "uuid") or "",
+                mig=tuple(m for _, m in sorted(migs, key=lambda x: x[0])),
+                allocators=tuple(sorted(allocators, key=lambda a: (a.pid, a.uuid))),
+                **_read(GPU, subject),
+            )
+        )
+    engines = []
+    for (target,), subject in sorted(rows.by["engine"].items()):
+        if ENGINE_UP in subject:
+            fields = _read(ENGINE, subject)
+            _live_only(fields, "engine", None, taken_at)
+            engines.append(_engine(target, fields, subject))
+    node = _read(NODE, rows.by["node"].get((), {}))
+    return Frame(taken_at, tuple(gpus), tuple(engines), **node)
+
+
+# ---- the live frame --------------------------------------------------------------------------
+
+# The live frame reads a family off its subject's field where it can (FIELD_FORM: what the
+# exposition makes its samples of), and walks the readings for the rest.
+_WALKED = kept(lambda m: m.name in FAMILIES and m.name not in FIELD_FORM)
+_WALKED_GPU = tuple(c for c in GPU_CLASSES if _WALKED(c))
+_WALKED_NODE = tuple(c for c in NODE_CLASSES if _WALKED(c))
+Getter = tuple[str, type | None, str, Callable[[Any, Source], Any], Source]
+
+
+def _getter(src: Source, own: type) -> Getter:
+    """How the live frame reads a source: (how, class, field or family, reduction, source).
+    `how` is "scalar" (a field's value as a float), "as is" (an info field's mapping),
+    "field" (the reduction's field form) or "rows" (its rows form, on the walked rows);
+    the class is None for the subject's own reading."""
+    if src.family not in FIELD_FORM or src.reduce.field is None:
+        return "rows", None, src.family, src.reduce.rows, src
+    owner, attr = FIELDS[src.family]
+    how = "scalar" if src.reduce in SCALAR else "as is" if src.reduce is INFO else "field"
+    return how, None if owner is own else owner, attr, src.reduce.field, src
+
+
+@dataclass(frozen=True)
+class _Live:
+    """A scope's inputs, ready for the live frame, which is made every cycle (so its loops
+    are tight): `plain` are fields' values as floats, by reading class (None: the
+    subject's own reading); `shaped` the others, with their getters and normaliser."""
+
+    plain: tuple[tuple[type | None, tuple[tuple[str, str], ...]], ...]
+    shaped: tuple[tuple[str, Callable[..., Any] | None, tuple[Getter, ...]], ...]
+
+    @classmethod
+    def of(cls, inputs: Iterable[Input], own: type) -> _Live:
+        plain: dict[type | None, list[tuple[str, str]]] = {}
+        shaped = []
+        for inp in inputs:
+            getters = tuple(_getter(s, own) for s in inp.sources)
+            how, owner, attr, _, _ = getters[0]
+            if len(getters) == 1 and how == "scalar" and inp.normalise is None:
+                plain.setdefault(owner, []).append((inp.field, attr))
+            else:
+                shaped.append((inp.field, inp.normalise, getters))
+        return cls(tuple((k, tuple(v)) for k, v in plain.items()), tuple(shaped))
+
+    def read(self, own: object, readings: Mapping[type, object], walked: Rows) -> dict[str, Any]:
+        """The fields of one subject: `own` is its reading, `readings` the others it has by
+        class, `walked` its walked rows. A field left out keeps its default, None."""
+        fields: dict[str, Any] = {}
+        for owner, attrs in self.plain:
+            reading = own if owner is None else readings.get(owner)
+            if reading is not None:
+                for field, attr in attrs:
+                    value = getattr(reading, attr)
+                    if value is not None:
+                        fields[field] = float(value)
+        for field, normalise, getters in self.shaped:
+            values = []
+            for how, owner, attr, reduce, src in getters:
+                if how == "rows":
+                    values.append(reduce(walked.get(attr, ()), src))
+                    continue
+                reading = own if owner is None else readings.get(owner)
+                value = None if reading is None else getattr(reading, attr)
+                if how == "scalar":
+                    values.append(None if value is None else float(value))
+                elif how == "as is":
+                    values.append(value)
+                else:
+                    values.append(reduce(value, src))
+            fields[field] = values[0] if normalise is None else normalise(*values)
+        return fields
+
+
+_GPU = _Live.of(GPU, GpuUp)  # a GPU's own reading is its GpuState: its up and supported
+_MIG, _ALLOCATOR = _Live.of(MIG, MigInstance), _Live.of(ALLOCATOR, AllocatorProcess)
+_ENGINE, _NODE = _Live.of(ENGINE, EngineTargetReading), _Live.of(NODE, ExporterInfo)
+_NONE: Mapping[type, object] = {}
+
+
+class _Reuse:
+    """What the live frame made of a reading last cycle, by key. A reading that a slower
+    collector has not renewed (processes and MIG every 5 s, engines every engine interval,
+    allocator probes) is the same object, or an equal one (the engine-GPU join, made anew
+    each cycle), and what is made of it is the same."""
+
+    def __init__(self) -> None:
+        self._last: dict[Hashable, tuple[object, Any]] = {}
+        self._now: dict[Hashable, tuple[object, Any]] = {}
+
+    def get(self, key: Hashable, reading: object, make: Callable[[], T]) -> T:
+        hit = self._last.get(key)
+        if hit is None or not (hit[0] is reading or hit[0] == reading):
+            hit = (reading, make())
+        self._now[key] = hit
+        made: T = hit[1]
+        return made
+
+    def cycle(self) -> None:
+        """What this cycle did not use is let go."""
+        self._last, self._now = self._now, {}
+
+
+_REUSE = _Reuse()
+
+
+def _walk(reading: object, base: Labels) -> list[Placed]:
+    """A reading's samples of the walked families, labelled as the exposition labels them."""
+    found = [placed(*s) for s in samples(reading, base, _WALKED)]
+    return [p for p in found if p is not None]
+
+
+def _allocators(probes: tuple[AllocatorProbes, ...]) -> dict[str, tuple[AllocFrame, ...]]:
+    """Each probed process' allocator, by the GPU it runs on."""
+    reports = {(r.uuid or "", r.pid): r for p in probes for r in p.reports}
+    out: dict[str, list[AllocFrame]] = {}
+    for proc in sorted((q for p in probes for q in p.processes), key=lambda q: (q.pid, q.uuid)):
+        fields = _ALLOCATOR.read(proc, _NONE, {})
+        _live_only(fields, "allocator", reports.get((proc.uuid, proc.pid)), None)
+        out.setdefault(proc.gpu, []).append(AllocFrame(pid=proc.pid, uuid=proc.uuid, **fields))
+    return {gpu: tuple(frames) for gpu, frames in out.items()}
+
+
+def _migs(mig: Mig | None) -> tuple[MigFrame, ...]:
+    instances = (
+        sorted(mig.instances, key=lambda i: (i.gpu_instance, i.compute_instance, i.mig_uuid)) if mig else ()
+    )
+    return tuple(MigFrame(uuid=i.mig_uuid, **_MIG.read(i, _NONE, {})) for i in instances)
+
+
+def _live_engine(target: str, reading: EngineTargetReading, subject: Rows) -> EngineFrame:
+    fields = _ENGINE.read(reading, _NONE, subject)
+    _live_only(fields, "engine", reading, None)
+    return _engine(target, fields, subject)
 
 
 def frame_of(snapshot: Snapshot) -> Frame:
-    allocators = _allocators(snapshot)
-    gpus = tuple(_gpu(g, allocators.get(g.index, ())) for g in snapshot.gpus)
-    engines = _engines(snapshot, gpus)
-    return Frame(snapshot.taken_at, gpus, engines, snapshot.simulated)
-
-
-def _gpu(state: GpuState, allocators: tuple[AllocFrame, ...]) -> GpuFrame:
-    facts = state.get(DeviceFacts)
-    util = state.get(Utilization)
-    mem = state.get(Memory)
-    clocks = state.get(Clocks)
-    power = state.get(Power)
-    prof = state.get(Profiling)
-    pcie = state.get(Pcie)
-    nvlink = state.get(NvLink)
-    ecc = state.get(Ecc)
-    xid = state.get(Xid)
-    procs = state.get(Processes)
-    mig = state.get(Mig)
-    numa = facts.get("numa_node") if facts else ""
-    sm_ratio = None
-    if clocks and clocks.sm_hertz is not None and facts and facts.sm_clock_max_hertz:
-        sm_ratio = clocks.sm_hertz / facts.sm_clock_max_hertz
-    reasons = None
-    if clocks and clocks.event_active is not None:
-        active = {r for r, on in clocks.event_active.items() if on}
-        # HW slowdown is raised with the power brake (and other external signals) as well
-        # as with heat: while the brake bit is set it explains the slowdown, not heat.
-        if "hw_power_brake" in active:
-            active.discard("hw_slowdown")
-        reasons = tuple(sorted(active))
-    links_up = None
-    tx_total = rx_total = None
-    if nvlink is not None:  # the per-GPU totals, as the default profile exposes them
-        links_up = nvlink.links_up
-        tx_total, rx_total = _f(nvlink.tx_bytes), _f(nvlink.rx_bytes)
-    elif state.supported.get("nvlink") is False:
-        links_up = 0  # the GPU has no NVLink: its peers are reached over PCIe
-    return GpuFrame(
-        index=state.index,
-        uuid=state.uuid,
-        up=state.up,
-        name=facts.get("name") if facts else "",
-        numa_node=int(numa) if numa.lstrip("-").isdigit() else None,
-        memory_total_bytes=_f(facts.memory_total_bytes if facts else None),
-        memory_used_bytes=_f(mem.used_bytes if mem else None),
-        memory_free_bytes=_f(mem.free_bytes if mem else None),
-        util_ratio=util.gpu_busy_ratio if util else None,
-        sm_active_ratio=prof.sm_active_ratio if prof else None,
-        tensor_active_ratio=prof.tensor_active_ratio if prof else None,
-        dram_active_ratio=prof.dram_active_ratio if prof else None,
-        dram_peak_bytes_per_second=facts.dram_bandwidth_peak_bytes_per_second if facts else None,
-        sm_clock_ratio=sm_ratio,
-        throttle_reasons=reasons,
-        power_watts=power.usage_watts if power else None,
-        power_limit_watts=power.limit_watts if power else None,
-        energy_joules_total=_f(power.energy_joules if power else None),
-        temperature_celsius=power.gpu_celsius if power else None,
-        pcie_replays_total=_f(pcie.replays if pcie else None),
-        nvlink_links_up=links_up,
-        nvlink_tx_bytes_per_second=prof.nvlink_tx_bytes_per_second if prof else None,
-        nvlink_rx_bytes_per_second=prof.nvlink_rx_bytes_per_second if prof else None,
-        nvlink_tx_bytes_total=tx_total,
-        nvlink_rx_bytes_total=rx_total,
-        ecc_uncorrected_total=_f(ecc.uncorrected if ecc else None),
-        remap_failed=bool(ecc and ecc.remap_failed),
-        xid_counts=_nonzero(xid.counts) if xid else None,
-        process_pids=tuple(p.pid for p in procs.items) if procs else (),
-        process_count=procs.count if procs else None,
-        mig_enabled=bool(mig and mig.enabled),
-        mig=tuple(
-            MigFrame(i.mig_uuid, _f(i.memory_used_bytes), _f(i.memory_total_bytes))
-            for i in (mig.instances if mig else ())
-        ),
-        allocators=allocators,
-    )
-
-
-NO_XIDS: Mapping[int, int] = MappingProxyType({})
-
-
-def _nonzero(counts: Mapping[int, int] | None) -> Mapping[int, int] | None:
-    if counts is None:
-        return None
-    seen = {k: v for k, v in counts.items() if v}
-    return seen or NO_XIDS
-
-
-def _f(value: float | None) -> float | None:
-    return None if value is None else float(value)
-
-
-def _engines(snapshot: Snapshot, gpus: tuple[GpuFrame, ...]) -> tuple[EngineFrame, ...]:
-    targets = [t for engines in snapshot.all(Engines) for t in engines.targets]
-    links = snapshot.get(EngineGpus)
-    out = []
-    for target in targets:
-        if links is not None and any(link.target == target.target for link in links.links):
-            indexes = links.gpus_of(target.target)
-            uuids = tuple(sorted({lk.uuid for lk in links.links if lk.target == target.target}))
-        else:  # no join table: match the engine's process tree with the GPUs' processes
-            indexes = tuple(g.index for g in gpus if target.pids & set(g.process_pids))
-            uuids = tuple(g.uuid for g in gpus if g.index in indexes)
-        out.append(_engine(target, indexes, uuids))
-    return tuple(out)
-
-
-def _engine(t: EngineTargetReading, gpus: tuple[int, ...], uuids: tuple[str, ...]) -> EngineFrame:
-    series = t.series
-    first: EngineSeries | None = series[0] if series else None
-    api = [p.cpu_ratio for p in t.processes if p.role == "api_server" and p.cpu_ratio is not None]
-    model = ", ".join(t.models)
-    kind = t.kind or (first.engine if first else "")
-    short = ", ".join(m.rsplit("/", 1)[-1] for m in t.models) or kind or "engine"
-    numa = t.cpu_numa_nodes
-    return EngineFrame(
-        target=t.target,
-        name=f"{short} @ {short_target(t.target)}",
-        model=model,
-        kind=kind,
-        up=t.up,
-        gpus=gpus,
-        gpu_uuids=uuids,
-        pids=t.pids,
-        ns_pids=ns_pids(t.pids),
-        running=_sum(s.requests_running for s in series),
-        waiting=_sum(s.requests_waiting for s in series),
-        kv_usage_ratio=_max(s.kv_cache_usage_ratio for s in series),
-        preemptions_total=_sum(s.preemptions for s in series),
-        preemptions_per_second=_sum(s.preemptions_per_second for s in series),
-        generation_tokens_per_second=_sum(s.generation_tokens_per_second for s in series),
-        generation_tokens_total=_sum(s.generation_tokens for s in series),
-        scraped_at=t.scraped_at,
-        prompt_tokens_per_second=_sum(s.prompt_tokens_per_second for s in series),
-        request_rate_per_second=_sum(s.request_rate_per_second for s in series),
-        rejected_total=_sum(s.rejected_requests for s in series),
-        spec_acceptance_ratio=_min(s.spec_decode_acceptance_ratio for s in series),
-        ttft_p50_seconds=_max(s.quantile("ttft", 0.5) for s in series),
-        ttft_p99_seconds=_max(s.quantile("ttft", 0.99) for s in series),
-        itl_p50_seconds=_max(s.quantile("itl", 0.5) for s in series),
-        itl_p99_seconds=_max(s.quantile("itl", 0.99) for s in series),
-        gpu_memory_utilization=_max(s.gpu_memory_utilization for s in series),
-        api_server_cpu_ratio=max(api) if api else None,
-        estimated_flops_per_gpu_total=_sum(s.estimated_flops_per_gpu for s in series),
-        estimated_read_bytes_per_gpu_total=_sum(s.estimated_read_bytes_per_gpu for s in series),
-        cpu_numa_nodes=tuple(numa) if numa is not None else None,
-        waiting_deferred=_sum((s.requests_waiting_by_reason or {}).get("deferred") for s in series),
-        max_num_seqs=t.max_num_seqs,
-        max_num_batched_tokens=t.max_num_batched_tokens,
-        kv_cache_max_concurrency=_sum(s.kv_cache_max_concurrency for s in series),
-    )
-
-
-def _present(values: Iterable[float | None]) -> list[float]:
-    return [float(v) for v in values if v is not None]
-
-
-def _sum(values: Iterable[float | None]) -> float | None:
-    vs = _present(values)
-    return sum(vs) if vs else None
-
-
-def _max(values: Iterable[float | None]) -> float | None:
-    vs = _present(values)
-    return max(vs) if vs else None
-
-
-def _min(values: Iterable[float | None]) -> float | None:
-    vs = _present(values)
-    return min(vs) if vs else None
-
-
-def _allocators(snapshot: Snapshot) -> dict[int, tuple[AllocFrame, ...]]:
-    """Allocator probe readings by GPU index (processes the probe could place on a GPU)."""
-    out: dict[int, list[AllocFrame]] = {}
-    for probes in snapshot.all(AllocatorProbes):
-        namespaces = {(r.pid, r.uuid or ""): r.pid_namespace for r in probes.reports}
-        for p in probes.processes:
-            if not p.gpu.isdigit():
-                continue
-            out.setdefault(int(p.gpu), []).append(
-                AllocFrame(
-                    pid=p.pid,
-                    reserved_bytes=_f(p.reserved_bytes),
-                    allocated_bytes=_f(p.allocated_bytes),
-                    free_bytes=_f(p.free_bytes),
-                    largest_free_block_bytes=_f(p.largest_free_block_bytes),
-                    fragmentation_ratio=p.fragmentation_ratio,
-                    alloc_retries_total=_f(p.alloc_retries),
-                    ooms_total=_f(p.ooms),
-                    pid_namespace=namespaces.get((p.pid, p.uuid)),
-                    uuid=p.uuid,
-                )
+    """The live frame: every declared input, from the snapshot's readings."""
+    reuse, rows = _REUSE, Grouped()
+    for cls in _WALKED_NODE:
+        for i, reading in enumerate(snapshot.node.get(cls, ())):
+            for where in reuse.get((cls, i), reading, partial(_walk, reading, ())):
+                rows.put(where)
+    for state in snapshot.gpus:
+        base = state.base_labels
+        for cls in _WALKED_GPU:
+            if (found := state.readings.get(cls)) is not None:
+                for where in reuse.get((cls, base), found, partial(_walk, found, base)):
+                    rows.put(where)
+    probes = snapshot.all(AllocatorProbes)
+    allocators = reuse.get(AllocatorProbes, probes, partial(_allocators, probes))
+    gpus = []
+    for state in snapshot.gpus:
+        index = str(state.index)
+        mig = state.get(Mig)
+        gpus.append(
+            GpuFrame(
+                index=state.index,
+                uuid=state.uuid,
+                mig=reuse.get((Mig, index), mig, partial(_migs, mig)),
+                allocators=allocators.get(index, ()),
+                **_GPU.read(state, state.readings, rows.by["gpu"].get((index,), {})),
             )
-    return {k: tuple(v) for k, v in out.items()}
+        )
+    engines = []
+    targets = {t.target: t for e in snapshot.all(Engines) for t in e.targets}
+    for (target,), subject in sorted(rows.by["engine"].items()):
+        reading = targets.get(target)
+        if ENGINE_UP in subject and reading is not None:
+            # made again when the engine is scraped again or its GPUs change
+            key = (reading, subject.get("llmgpu_engine_gpu_info"))
+            engines.append(reuse.get((Engines, target), key, partial(_live_engine, target, reading, subject)))
+    reuse.cycle()
+    info = snapshot.get(ExporterInfo)
+    node = _NODE.read(info, _NONE, {}) if info is not None else {}
+    return Frame(snapshot.taken_at, tuple(gpus), tuple(engines), **node)

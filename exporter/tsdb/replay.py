@@ -6,6 +6,9 @@ for every selected node at once, at the scrape step. Each step becomes a frame; 
 frames go through an unchanged `Diagnoser`, so rules, hold and clear times and the OOM
 score are the live ones.
 
+Which families are fetched, and with which label matchers, is declared with the inputs
+they feed (`exporter/diagnosis/inputs.py` SOURCES).
+
 A simulation played `speed` times faster than real time writes its samples `speed`
 times closer together than the scenario means them: `time_scale` stretches the frames'
 times by that factor around the end of the span, so holds, rates and trends are
@@ -22,11 +25,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from exporter.diagnosis.diagnoser import Diagnoser
+from exporter.diagnosis.inputs import SOURCES, Source
 from exporter.diagnosis.model import Diagnosis
 from exporter.diagnosis.thresholds import DEFAULT, Thresholds
 from exporter.tsdb.client import QueryApi, TsdbError
-from exporter.tsdb.families import FAMILIES, TIMELINE, Family, selector
-from exporter.tsdb.frames import NodeSeries, frames
+from exporter.tsdb.frames import TIMELINE, NodeSeries, frames
 
 MAX_POINTS = 10_000  # per series and query: Prometheus refuses more than 11,000
 STEP_SAMPLE_S = 900.0  # raw samples read to find the scrape step
@@ -183,18 +186,18 @@ def fetch(api: QueryApi, req: Request, step: float, workers: int = 4) -> dict[st
         stop = min(req.end, t + step * (MAX_POINTS - 1))
         chunks.append((t, stop))
         t = stop + step
-    jobs = [(f, a, b) for f in FAMILIES for a, b in chunks]
+    jobs = [(src, a, b) for src in (Source(TIMELINE), *SOURCES) for a, b in chunks]
 
-    def run(job: tuple[Family, float, float]) -> tuple[Family, list[Any]]:
-        family, a, b = job
-        return family, api.query_range(selector(family, matchers), a, b, step)
+    def run(job: tuple[Source, float, float]) -> tuple[Source, list[Any]]:
+        src, a, b = job
+        return src, api.query_range(src.selector(matchers), a, b, step)
 
     nodes: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], dict[float, float]]] = {}
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for family, result in pool.map(run, jobs):
+        for src, result in pool.map(run, jobs):
             for s in result:
                 labels = {k: v for k, v in s.labels.items() if k != "__name__"}
-                key = (family.name, tuple(sorted(labels.items())))
+                key = (src.family, tuple(sorted(labels.items())))
                 nodes.setdefault(labels.get("instance", ""), {}).setdefault(key, {}).update(s.points)
     out: dict[str, NodeSeries] = {}
     for instance, series in nodes.items():
