@@ -176,7 +176,7 @@ class SimDcgmExporter:
             "DCGM_FI_DEV_POWER_USAGE",
             "gauge",
             "Power draw (in W).",
-            [f"{g(i, 'power_ratio', t) * model.power_limit_watts:f}" for i in range(n)],
+            [f"{g(i, 'power_ratio', t) * g(i, 'power_limit_watts', t):f}" for i in range(n)],
         )
         family(
             "DCGM_FI_DEV_GPU_UTIL",

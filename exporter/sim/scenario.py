@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from importlib import resources
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ class ScenarioError(ValueError):
 class GpuModel:
     name: str
     memory_bytes: int
-    power_limit_watts: float
+    power_limit_watts: float  # the default enforced limit, also the largest settable
     sm_clock_max_hertz: float
     memory_clock_max_hertz: float
     nvlinks: int
@@ -47,6 +48,7 @@ class GpuModel:
 
 
 GIB = 1024**3
+POWER_LIMIT_MIN_RATIO = 0.3  # the smallest settable limit, of the largest (nvml...LimitConstraints)
 MODELS: dict[str, GpuModel] = {
     "H100-80GB-SXM": GpuModel("NVIDIA H100 80GB HBM3", 80 * GIB, 700.0, 1980e6, 2619e6, 18, True, 5),
     "H200-141GB-SXM": GpuModel("NVIDIA H200", 141 * GIB, 700.0, 1980e6, 3201e6, 18, True, 5),
@@ -72,6 +74,7 @@ GPU_KEYS: dict[str, float] = {
     "fp64_active": 0.0,
     "memory_used_ratio": 0.01,  # of total framebuffer
     "power_ratio": 0.12,  # of the enforced limit
+    "power_limit_watts": 0.0,  # the enforced limit; starts at the model's (Timeline)
     "temp_c": 35.0,
     "mem_temp_c": 40.0,
     "sm_clock_ratio": 0.5,  # of max
@@ -267,7 +270,8 @@ class Timeline:
         self.speed = speed
         self._clock = clock
         self._start = clock()
-        self._gpu = [_tracks(scenario, GPU_KEYS, "gpu", i) for i in range(scenario.gpu_count)]
+        start = {**GPU_KEYS, "power_limit_watts": scenario.gpu_model.power_limit_watts}
+        self._gpu = [_tracks(scenario, start, "gpu", i) for i in range(scenario.gpu_count)]
         self._engine = {e.name: _tracks(scenario, ENGINE_KEYS, "engine", e.name) for e in scenario.engines}
 
     def now(self) -> float:
@@ -287,6 +291,20 @@ class Timeline:
 
     def gpu_integral(self, index: int, key: str, t: float | None = None) -> float:
         return _integral(self._gpu[index][key], self.now() if t is None else t)
+
+    def gpu_integral_of_product(self, index: int, key: str, by: str, t: float | None = None) -> float:
+        """Area under key x by from 0 to t: the energy of a power ratio times a limit."""
+        a, b = self._gpu[index][key], self._gpu[index][by]
+        t = self.now() if t is None else t
+        if len(set(b[1])) == 1:  # a constant factor
+            return _integral(a, t) * b[1][0]
+        cuts = sorted({0.0, t, *(x for x in (*a[0], *b[0]) if 0.0 < x < t)})
+        total = 0.0
+        for t0, t1 in pairwise(cuts):
+            # both are linear inside a piece: two-point Gauss-Legendre is exact for the product
+            mid, d = (t0 + t1) / 2, (t1 - t0) / (2 * 3**0.5)
+            total += (t1 - t0) / 2 * sum(_at(a, x) * _at(b, x) for x in (mid - d, mid + d))
+        return total
 
     def engine(self, name: str, key: str, t: float | None = None) -> float:
         return _at(self._engine[name][key], self.now() if t is None else t)
@@ -458,11 +476,18 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
 def _check_provided(
     phases: tuple[Phase, ...], model: GpuModel, label: str, prof: DriverProfile, profiling: bool, where: str
 ) -> None:
-    """Refuse a phase value the simulated GPUs could not report (it would vanish unseen)."""
+    """Refuse a phase value the simulated GPUs could not report (it would vanish unseen),
+    and a power limit outside what the part lets be set."""
     missing = unprovided_keys(model, prof, profiling)
+    low, high = model.power_limit_watts * POWER_LIMIT_MIN_RATIO, model.power_limit_watts
     for p in phases:
         scopes = [("gpu", p.gpu), *((f"gpus.{i}", v) for i, v in p.gpus.items())]
         for scope, values in scopes:
+            if not low <= values.get("power_limit_watts", high) <= high:
+                raise ScenarioError(
+                    f"{where}: 'phases.{p.name}.{scope}.power_limit_watts' must be from {low:g} to "
+                    f"{high:g} W, the limits the {model.name} ({label}) can be set to"
+                )
             for key in values:
                 if key in missing:
                     raise ScenarioError(

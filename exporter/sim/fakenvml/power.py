@@ -1,6 +1,12 @@
 # mypy: disable-error-code="no-any-return"
 """The fake NVML library's power area: draw, the enforced limit and the range it may be
-set in, the energy counter, and the die and HBM temperatures."""
+set in, the energy counter, and the die and HBM temperatures.
+
+The enforced limit is the timeline's `power_limit_watts` (the model's own unless a phase
+lowers it, as a rack's power budget or `nvidia-smi -pl` would); draw is `power_ratio` of
+it, and the energy counter is the integral of that draw. The settable range stays the
+part's. Power values are milliwatts, energy millijoules, as nvml.h has them.
+"""
 
 from __future__ import annotations
 
@@ -8,32 +14,37 @@ from typing import Any
 
 from exporter.nvml import FI_MEMORY_TEMP
 from exporter.sim.fakenvml.abi import OK, Library, field, out, symbol
+from exporter.sim.scenario import POWER_LIMIT_MIN_RATIO
+
+
+def limit_milliwatts(lib: Library, g: int) -> int:
+    return int(lib.t.gpu(g, "power_limit_watts") * 1000)
 
 
 @symbol("nvmlDeviceGetPowerUsage")
 def power_usage(lib: Library, h: Any, ref: Any) -> int:
     g = lib.gpu_of(h)
-    out(ref).value = round(lib.v(g, "power_ratio") * lib.model.power_limit_watts * 1000)
+    out(ref).value = round(lib.v(g, "power_ratio") * lib.t.gpu(g, "power_limit_watts") * 1000)
     return OK
 
 
-@symbol("nvmlDeviceGetEnforcedPowerLimit")
-def enforced_power_limit(lib: Library, h: Any, ref: Any) -> int:
-    out(ref).value = int(lib.model.power_limit_watts * 1000)
+# No other limit (an in-band or host-side one) applies here: the one set is the one enforced.
+@symbol("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit")
+def power_limit(lib: Library, h: Any, ref: Any) -> int:
+    out(ref).value = limit_milliwatts(lib, lib.gpu_of(h))
     return OK
 
 
 @symbol("nvmlDeviceGetPowerManagementLimitConstraints")
 def power_limit_constraints(lib: Library, h: Any, lo: Any, hi: Any) -> int:
-    out(lo).value = int(lib.model.power_limit_watts * 1000 * 0.3)
+    out(lo).value = int(lib.model.power_limit_watts * 1000 * POWER_LIMIT_MIN_RATIO)
     out(hi).value = int(lib.model.power_limit_watts * 1000)
     return OK
 
 
 @symbol("nvmlDeviceGetTotalEnergyConsumption")
 def total_energy_consumption(lib: Library, h: Any, ref: Any) -> int:
-    g = lib.gpu_of(h)
-    joules = lib.t.gpu_integral(g, "power_ratio") * lib.model.power_limit_watts
+    joules = lib.t.gpu_integral_of_product(lib.gpu_of(h), "power_ratio", "power_limit_watts")
     out(ref).value = int(joules * 1000)
     return OK
 
