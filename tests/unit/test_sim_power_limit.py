@@ -9,10 +9,9 @@ import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import app
 from exporter.collectors import base
 from exporter.config import Settings
-from exporter.sim import fakenvml
+from exporter.sim import fakenvml, node
 from exporter.sim.scenario import ScenarioError, Timeline, builtin_names, load_builtin, parse
 
 POWER_ONLY = tuple(name for name in base.REGISTRY if name not in ("power", "device"))
@@ -21,9 +20,9 @@ POWER_ONLY = tuple(name for name in base.REGISTRY if name not in ("power", "devi
 def exported(name: str, step_s: float = 10.0) -> Iterator[tuple[float, dict[str, dict[str, float]]]]:
     """(scenario time, metric -> gpu -> value) of each cycle of a shipped scenario."""
     scenario = load_builtin(name)
-    clock = app.ManualClock()
+    clock = node.ManualClock()
     settings = Settings(simulate=name, collectors_disabled=POWER_ONLY, metric_profile="full")
-    exporter = app.build(settings, scenario_clock=clock)
+    exporter = node.build(settings, clock)
     try:
         for i in range(int(scenario.duration // step_s) + 1):
             clock.t = i * step_s
