@@ -25,7 +25,14 @@ from exporter.nvml import FI_MEMORY_TEMP
 from exporter.sim.dcgm_spec import DcgmExporterSpec, parse_spec
 from exporter.sim.drivers import NO_QUIRKS, PARTS, DriverProfile
 from exporter.sim.recorded_gpus import identities, inline_model, recorded_driver
-from exporter.sim.scenario_input import SECONDS_MAX, bad_number, number, read_document, value_range
+from exporter.sim.scenario_input import (
+    PROFILING_KEYS,
+    SECONDS_MAX,
+    bad_number,
+    number,
+    read_document,
+    value_range,
+)
 
 
 class ScenarioError(ValueError):
@@ -139,17 +146,6 @@ ENGINE_KEYS: dict[str, float] = {
 
 FAULT_KINDS = ("error", "hang", "lost", "xid", "engine_down")
 
-# GPU keys only some parts and drivers can report: a scenario that sets one where the
-# node cannot provide it is refused, instead of the value silently going nowhere.
-PROFILING_KEYS = (
-    "sm_active",
-    "sm_occupancy",
-    "tensor_active",
-    "dram_active",
-    "fp16_active",
-    "fp32_active",
-    "fp64_active",
-)
 NVLINK_KEYS = ("nvlink_tx_bps", "nvlink_rx_bps", "nvlink_error_rate")
 ECC_KEYS = ("ecc_corrected_rate", "ecc_uncorrected_rate")
 PROFILING_SOURCE_KEY = "dcgm_exporter"  # a top-level key: DCGM's profiling fields stand in for GPM

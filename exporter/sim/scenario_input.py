@@ -25,17 +25,22 @@ INFINITE_KEYS = ("until",)  # a fault that never ends may say so
 # Ranges of the per-GPU and per-engine quantities a phase sets (GPU_KEYS, ENGINE_KEYS):
 # ratios and switches from 0 to 1, temperatures in degrees Celsius, the rest rates,
 # levels, sizes and seconds from 0 to MAGNITUDE_MAX.
+# GPU keys only some parts and drivers can report: a scenario that sets one where the
+# node cannot provide it is refused, instead of the value silently going nowhere.
+PROFILING_KEYS = (
+    "sm_active",
+    "sm_occupancy",
+    "tensor_active",
+    "dram_active",
+    "fp16_active",
+    "fp32_active",
+    "fp64_active",
+)
 RATIO_KEYS = frozenset(
     {
         "util",
         "mem_busy",
-        "sm_active",
-        "sm_occupancy",
-        "tensor_active",
-        "dram_active",
-        "fp16_active",
-        "fp32_active",
-        "fp64_active",
+        *PROFILING_KEYS,
         "memory_used_ratio",
         "sm_clock_ratio",
         "mem_clock_ratio",
