@@ -20,7 +20,7 @@ from exporter.gpu_readings import (
 )
 from exporter.nvml import Nvml, NvmlError
 from exporter.sim import fakenvml
-from exporter.sim.scenario import MODELS
+from exporter.sim.gpu_models import MODELS
 
 H100 = """
 name: t

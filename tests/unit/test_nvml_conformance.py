@@ -16,7 +16,8 @@ from exporter.diagnosis.model import Diagnosis
 from exporter.metricdef import has_value, metric_defs
 from exporter.sim import fakenvml
 from exporter.sim.drivers import DRIVERS, PARTS, profile
-from exporter.sim.scenario import MODELS, SIM_PID_BASE, unprovided_keys
+from exporter.sim.gpu_models import MODELS
+from exporter.sim.scenario import SIM_PID_BASE, unprovided_keys
 
 FAMILIES = {
     cls.family: cls

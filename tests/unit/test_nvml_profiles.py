@@ -8,7 +8,8 @@ import pytest
 from exporter.gpu_readings import Clocks, Memory, NvLink, Pcie, Processes, Profiling, Xid
 from exporter.sim import fakenvml
 from exporter.sim.drivers import profile
-from exporter.sim.scenario import MODELS, SIM_PID_BASE, unprovided_keys
+from exporter.sim.gpu_models import MODELS
+from exporter.sim.scenario import SIM_PID_BASE, unprovided_keys
 
 
 def scenario(model: str = "H100-80GB-SXM", driver: str | None = None, count: int = 2, extra: str = "") -> str:

@@ -21,7 +21,8 @@ from typing import Any, Literal, Protocol, TypeVar
 import pynvml as N
 
 from exporter.sim.drivers import DriverProfile
-from exporter.sim.scenario import GpuModel, Scenario, Timeline
+from exporter.sim.gpu_models import GpuModel
+from exporter.sim.scenario import Scenario, Timeline
 
 OK = N.NVML_SUCCESS
 NOT_SUPPORTED = N.NVML_ERROR_NOT_SUPPORTED

@@ -14,7 +14,7 @@ from typing import Any
 
 from exporter.nvml import FI_MEMORY_TEMP
 from exporter.sim.fakenvml.abi import OK, Library, field, out, symbol
-from exporter.sim.scenario import POWER_LIMIT_MIN_RATIO
+from exporter.sim.gpu_models import POWER_LIMIT_MIN_RATIO
 
 
 def limit_milliwatts(lib: Library, g: int) -> int:
