@@ -19,6 +19,8 @@ from exporter.engines.targets import parse_spec
 from exporter.sim.engines import SimEngine, start_sim_engines
 from exporter.sim.scenario import SIM_PID_BASE, Timeline, builtin_names, load_builtin, parse
 
+pytestmark = pytest.mark.slow  # plays scenarios or starts servers: `make unit` leaves it out
+
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "tests" / "fixtures" / "vllm" / "vllm-0.32-cpu-loaded.txt"
 

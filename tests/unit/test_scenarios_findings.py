@@ -27,6 +27,8 @@ from exporter.sim.probes import probed_engines
 from exporter.sim.scenario import Scenario, builtin_names, load_builtin
 from exporter.snapshot import Snapshot
 
+pytestmark = pytest.mark.slow  # plays scenarios or starts servers: `make unit` leaves it out
+
 STEP_S = 10.0
 REQUIRED = (
     "healthy",

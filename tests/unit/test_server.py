@@ -164,6 +164,7 @@ def _hammer(url: str, seconds: float, threads: int = 4) -> list[bytes]:
     return bodies
 
 
+@pytest.mark.slow
 def test_diagnosis_and_page_rendered_once_per_snapshot(sim) -> None:  # type: ignore[no-untyped-def]
     s = sim(SCENARIO)
     s.at(1)
@@ -180,6 +181,7 @@ def test_diagnosis_and_page_rendered_once_per_snapshot(sim) -> None:  # type: ig
         assert made.json.renders == 2 and made.page.renders == 1
 
 
+@pytest.mark.slow
 def test_sampling_cadence_does_not_follow_request_load(sim) -> None:  # type: ignore[no-untyped-def]
     s = sim(SCENARIO, interval=0.2)
     s.runner.start()
@@ -246,6 +248,7 @@ def _answered(port: int) -> socket.socket:
     return sock
 
 
+@pytest.mark.slow
 def test_connection_cap_drops_the_unanswered_then_the_longest_idle_then_refuses(sim) -> None:  # type: ignore[no-untyped-def]
     s = sim(SCENARIO)
     s.at(1)
@@ -296,6 +299,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 def test_a_reconnect_storm_does_not_lock_out_a_scraper(sim) -> None:  # type: ignore[no-untyped-def]
     """Three times as many clients as slots, each back as soon as it is dropped: every slot
     stays young, yet a scraper that asks gets in (they made 19 % of scrapes fail)."""
@@ -379,6 +383,7 @@ def _tls_web(tmp_path: Path) -> webconfig.WebConfig:
     return _webconfig(tmp_path, "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
 
 
+@pytest.mark.slow
 def test_tls_connections_hold_a_slot_from_the_accept_and_the_handshake_has_a_deadline(
     sim, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
@@ -416,6 +421,7 @@ def test_tls_connections_hold_a_slot_from_the_accept_and_the_handshake_has_a_dea
         sock.close()
 
 
+@pytest.mark.slow
 def test_silent_tls_connections_cost_a_bounded_few_kilobytes(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """1 000 TCP connections that never start their handshake: asyncio's TLS layer took
     about 320 KB for each; the cap on connections and a one-record buffer bound it."""
@@ -450,6 +456,7 @@ def test_silent_tls_connections_cost_a_bounded_few_kilobytes(sim, tmp_path: Path
             sock.close()
 
 
+@pytest.mark.slow
 def test_idle_and_header_timeouts(sim) -> None:  # type: ignore[no-untyped-def]
     s = sim(SCENARIO)
     s.at(1)
@@ -477,6 +484,7 @@ phases: [{name: p, duration: 100, gpu: {util: 0.5}}]
 """
 
 
+@pytest.mark.slow
 def test_non_reading_clients_hold_one_slice_each_and_are_cut_off(sim) -> None:  # type: ignore[no-untyped-def]
     s = sim(BIG, metric_profile="full")  # the full profile: a body the kernel buffers cannot take
     s.at(1)
@@ -536,6 +544,7 @@ def test_keep_alive_answers_are_not_held_for_the_clients_ack(sim) -> None:  # ty
     assert sorted(times)[4] < 0.02, [round(t * 1000) for t in times]
 
 
+@pytest.mark.slow
 def test_an_idle_server_sleeps_yet_dates_its_answers_and_stops_at_once(sim) -> None:  # type: ignore[no-untyped-def]
     from email.utils import parsedate_to_datetime
 
@@ -557,6 +566,7 @@ def test_an_idle_server_sleeps_yet_dates_its_answers_and_stops_at_once(sim) -> N
         assert time.monotonic() - asked < 0.5  # no tick to wait for
 
 
+@pytest.mark.slow
 def test_connections_the_server_closes_are_forgotten_and_a_stop_ends(sim) -> None:  # type: ignore[no-untyped-def]
     """A connection the limits close (all of them go through one drop) leaves nothing in
     uvicorn's set, which its stop waits on: each Prometheus connection closed between two
@@ -593,6 +603,7 @@ def test_connections_the_server_closes_are_forgotten_and_a_stop_ends(sim) -> Non
         sock.close()
 
 
+@pytest.mark.slow
 def test_sigterm_ends_serve_cleanly_after_closed_connections(tmp_path: Path) -> None:
     """A real `serve`: after the exporter closed an idle scraper's connection, SIGTERM ends
     it with 0 at once, and closing the exporter removed the simulator's files."""
