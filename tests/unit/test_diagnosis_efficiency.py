@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_diagnosis_builders import T0, engine, frame, gpu
 
 from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.diagnosis.efficiency import efficiency, interpolate
 from exporter.diagnosis.frame import Frame
 from exporter.diagnosis.history import History
 from exporter.diagnosis.model import EngineEfficiencies
+from tests.support.diagnosis_builders import T0, engine, frame, gpu
 
 
 def serving(

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from test_diagnosis_builders import engine, feed, frame, gpu, steady
-
 from exporter.diagnosis.diagnoser import Diagnoser, _State, step_state
 from exporter.diagnosis.model import Candidate, Subject
 from exporter.diagnosis.rules import RULES
 from exporter.diagnosis.thresholds import DEFAULT
+from tests.support.diagnosis_builders import engine, feed, frame, gpu, steady
 
 C = Candidate(Subject(gpu="0"))
 

@@ -7,7 +7,6 @@ from dataclasses import replace
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from test_diagnosis_builders import engine, feed, frame, gpu
 
 from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.diagnosis.model import Diagnosis
@@ -16,6 +15,7 @@ from exporter.snapshot import Snapshot
 from exporter.web.exposition import render
 from exporter.web.page import render_page
 from exporter.web.routes import router
+from tests.support.diagnosis_builders import engine, feed, frame, gpu
 
 
 def hot_node() -> Diagnoser:

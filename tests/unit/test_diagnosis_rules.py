@@ -6,11 +6,12 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from test_diagnosis_builders import GIB, engine, frame, gpu, run_rule
 
+from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.diagnosis.frame import Frame
 from exporter.diagnosis.rules import RULES, RULES_BY_ID, knee_point
 from exporter.diagnosis.thresholds import DEFAULT
+from tests.support.diagnosis_builders import GIB, engine, feed, frame, gpu, run_rule
 
 TH = DEFAULT
 EPS = 1e-3
@@ -427,7 +428,6 @@ def test_every_rule_is_declared_in_its_layer_module() -> None:
 
 
 def _finding_of(rule_id: str, frames: list[Frame]) -> Any:
-    from exporter.diagnosis.diagnoser import Diagnoser
 
     d = Diagnoser()
     for f in frames:
@@ -513,3 +513,8 @@ def test_kv_cache_leak_edges() -> None:
     # busy engines use their cache: no verdict
     assert not fires("memory/kv_cache_leak", [with_engine(running=1.0, waiting=0.0, kv_usage_ratio=0.9)])
     assert not fires("memory/kv_cache_leak", [with_engine(running=0.0, waiting=3.0, kv_usage_ratio=0.9)])
+
+
+def test_builders_make_a_quiet_node() -> None:
+    d = Diagnoser()
+    assert feed(d, [frame(i * 5.0, (gpu(0), gpu(1)), (engine(gpus=(0, 1)),)) for i in range(60)]) == set()

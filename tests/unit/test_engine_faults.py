@@ -520,9 +520,9 @@ def test_the_exporter_serves_on_while_an_engine_sends_bombs(sim, bombs) -> None:
     """A live exporter scraping a stacked-gzip and a gzip bomb twice a second: its peak RSS
     stays flat and every /metrics answers, with the refusals counted by reason."""
     import httpx
-    from tls_pki import live_server
 
     from exporter.web.server import create_app
+    from tests.support.tls_pki import live_server
 
     hostile = [Server(encoded(*bombs["gzip_gzip"])), Server(encoded(*bombs["gzip"]))]
     s = sim(

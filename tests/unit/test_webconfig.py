@@ -14,11 +14,11 @@ from pathlib import Path
 import bcrypt
 import httpx
 import pytest
-from tls_pki import live_server, make_pki
 
 from exporter.config import ConfigError
 from exporter.web import webconfig
 from exporter.web.server import create_app
+from tests.support.tls_pki import live_server, make_pki
 
 SCENARIO = """
 gpus: {count: 1, model: H100-80GB-SXM}
