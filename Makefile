@@ -44,10 +44,12 @@ unit: test-deps
 	$(BIN)/pytest -q -m "not slow and not system and not integration and not e2e" tests/unit alerts/tests
 
 # Regenerate every generated part: the metric catalog, the diagnosis, scenario, settings
-# and layer tables, the dashboards' JSON and their panel reference.
+# and layer tables, the dashboards' JSON and their panel reference, and the README's
+# pictures of the page (with Debian's chromium; left as they are without it).
 docs: test-deps
 	$(BIN)/python -m exporter.docgen
 	$(BIN)/python -m dashboards.generate
+	$(BIN)/python -m exporter.docgen.screenshots
 
 lint: test-deps
 	$(BIN)/ruff check exporter tests bench dashboards alerts
