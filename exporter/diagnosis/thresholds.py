@@ -193,12 +193,17 @@ class Thresholds:
     itl_hold_s: float = 120.0
 
     # ---- output -----------------------------------------------------------------------
-    # Hold and clear are judged over windows, not on unbroken runs: a finding fires once
-    # its condition held for at least half of the hold time (and holds now), so a storm
-    # in waves (KV cache swinging 85-99 % every 30 s) fires while one burst shorter than
-    # the hold time does not. It clears once the condition held for at most a tenth of
-    # the clear time, so one stray sample does not keep a finding that is over.
-    hold_min_share: float = 0.5
+    # Hold and clear are judged over windows, not on unbroken runs. A condition seen again
+    # within 90 s is one episode: a wave every minute, sampled every 10 s, never leaves a
+    # longer gap. A finding fires once its episode is its hold time old, the condition
+    # holds now and held for at least 15 % of the hold time: a KV cache topping out for
+    # 15 s of every minute reads as a quarter, or as a sixth sampled every 10 s, while a
+    # stray spike now and then stays far below. One burst shorter than the hold time never
+    # fires. A finding clears once the condition held for at most a tenth of its clear
+    # time (at least the 90 s of an episode), so one stray sample does not keep a finding
+    # that is over, and a storm does not clear between its waves.
+    recur_s: float = 90.0
+    hold_min_share: float = 0.15
     clear_max_share: float = 0.1
     # Default clear time for rules without their own: a finding stays a minute after its
     # condition went away, so a slowly oscillating signal reads as one episode.

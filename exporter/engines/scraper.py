@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 DISCOVERY_S = 30.0  # seconds between discovery rounds
 TREE_REFRESH_S = 15.0  # seconds between re-reads of an engine's process tree
 GRACE_S = 600.0  # a discovered target that vanished is kept (up=0) this long
+MIN_WAIT_S = 0.05  # the shortest wait between two scrapes of one target, in wall seconds
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,11 @@ class EngineScraper:
         static: Iterable[Target] = (),
         discoverers: Sequence[Discoverer] = (),
         clock: Callable[[], float] = time.time,
+        pace: float = 1.0,  # wall seconds per second of `clock` (1/speed in a simulation)
     ) -> None:
         self.config = config
         self.clock = clock
+        self.pace = pace
         self._discoverers = tuple(discoverers)
         self._lock = threading.Lock()
         self._states: dict[str, _State] = {}
@@ -391,8 +394,10 @@ class EngineScraper:
                 return
             started = time.monotonic()
             await self._scrape(state, client)
-            interval = state.target.interval_s or self.config.interval_s
-            await _wait(self._stopping, max(interval - (time.monotonic() - started), 0.05))
+            # an interval is seconds of `clock`: a scenario played fast is scraped as often
+            # in its own time as a real engine is
+            interval = (state.target.interval_s or self.config.interval_s) * self.pace
+            await _wait(self._stopping, max(interval - (time.monotonic() - started), MIN_WAIT_S))
 
 
 async def _wait(event: asyncio.Event, seconds: float | None) -> None:

@@ -9,7 +9,8 @@ catch). The check is strict both ways:
 * the set of findings active at any time during the run equals `expect.findings`
   (nothing missing, nothing extra: healthy must produce none), and
 * all of them are still active when the scenario ends, so `llm-gpu-exporter diagnose
-  --simulate NAME` reports exactly the declared findings.
+  --simulate NAME` reports exactly the declared findings, and
+* none flaps: each fires once on its subject and stays (a storm in waves included).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ REQUIRED = (
 @dataclass
 class Played:
     ever: dict[str, float] = field(default_factory=dict)  # finding id -> scenario time it first fired
+    fired: dict[tuple[str, str, str], set[float]] = field(default_factory=dict)  # -> times it fired
     end: set[str] = field(default_factory=set)
     last: Diagnosis | None = None
     engines_seen: int = 0
@@ -84,6 +86,7 @@ def play(name: str, step_s: float = STEP_S) -> Played:
         t = round(snap.taken_at - start, 3)
         for f in d.findings:
             out.ever.setdefault(f.id, t)
+            out.fired.setdefault((f.id, *f.subject.key), set()).add(f.active_since)
         out.end = {f.id for f in d.findings}
         out.last = d
         out.engines_seen = max(out.engines_seen, len(d.engines))
@@ -115,3 +118,5 @@ def test_scenario_produces_exactly_its_declared_findings(name: str) -> None:
         f"{name}: missing {sorted(missing)}, unexpected {sorted(extra)} (first fired at {played.ever})"
     )
     assert played.end == expected, f"{name}: active at the end {sorted(played.end)}"
+    flapped = {k: len(v) for k, v in played.fired.items() if len(v) > 1}
+    assert not flapped, f"{name}: fired more than once {flapped}"

@@ -11,7 +11,6 @@ from exporter.diagnosis.model import Candidate, Evidence, Subject
 from exporter.diagnosis.oom import engine_budget, engines_on, oom_risks
 from exporter.diagnosis.rules.base import (
     Th,
-    _engine_rate,
     _live,
     _pct,
     _xid_candidates,
@@ -55,7 +54,11 @@ def oom_risk(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
     scope="engine",
     hold="kv_hold_s",
     title="KV cache full, requests preempted",
-    condition="KV-cache usage >= kv_usage_min_ratio and preemptions >= kv_preemptions_min_per_second",
+    window="rate_window_s",
+    condition=(
+        "KV-cache usage >= kv_usage_min_ratio and preemptions >= kv_preemptions_min_per_second over "
+        "rate_window_s"
+    ),
     advice=(
         "Lower max_num_seqs or max_model_len, use an FP8 KV cache, raise gpu_memory_utilization, or "
         "add replicas."
@@ -65,9 +68,7 @@ def kv_cache_saturated(frame: Frame, history: History, th: Th) -> Iterator[Candi
     for e in frame.engines:
         if not e.up or e.kv_usage_ratio is None or e.kv_usage_ratio < th.kv_usage_min_ratio:
             continue
-        pre = e.preemptions_per_second
-        if pre is None:
-            pre = _engine_rate(history, e, lambda x: x.preemptions_total, th.rate_window_s)
+        pre = history.engine_rate(e.target, lambda x: x.preemptions_total, th.rate_window_s)
         if pre is None or pre < th.kv_preemptions_min_per_second:
             continue
         ev = [

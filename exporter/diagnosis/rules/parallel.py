@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from statistics import median
 
 from exporter.diagnosis.frame import Frame, GpuFrame
-from exporter.diagnosis.history import History, rate
+from exporter.diagnosis.history import History
 from exporter.diagnosis.model import Candidate, Evidence, Unit
 from exporter.diagnosis.rules.base import (
     Th,
@@ -22,8 +22,8 @@ from exporter.diagnosis.rules.base import (
 def _nvlink_rates(history: History, g: GpuFrame, window: float) -> tuple[float | None, float | None]:
     if g.nvlink_tx_bytes_per_second is not None or g.nvlink_rx_bytes_per_second is not None:
         return g.nvlink_tx_bytes_per_second, g.nvlink_rx_bytes_per_second
-    tx = rate(history.gpu_series(g.index, lambda x: x.nvlink_tx_bytes_total, window))
-    rx = rate(history.gpu_series(g.index, lambda x: x.nvlink_rx_bytes_total, window))
+    tx = history.gpu_rate(g.index, lambda x: x.nvlink_tx_bytes_total, window)
+    rx = history.gpu_rate(g.index, lambda x: x.nvlink_rx_bytes_total, window)
     return tx, rx
 
 
@@ -145,6 +145,7 @@ def sm_imbalance(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
     severity="warning",
     scope="gpu",
     hold="nvlink_hold_s",
+    window="rate_window_s",
     title="NVLink near capacity",
     condition=(
         "NVLink transmit or receive >= nvlink_saturation_ratio of active links x nvlink_link_bytes_per_second"

@@ -11,7 +11,6 @@ from exporter.diagnosis.model import Candidate, Evidence
 from exporter.diagnosis.rules.base import (
     Th,
     _engine_gpus,
-    _engine_rate,
     _pct,
     engine_subject,
     rule,
@@ -158,13 +157,14 @@ def api_server_cpu_bound(frame: Frame, history: History, th: Th) -> Iterator[Can
     severity="warning",
     scope="engine",
     hold="rejections_hold_s",
+    window="rate_window_s",
     title="Requests refused at admission",
     condition="rejected requests >= rejections_min_per_second over rate_window_s",
     advice="Add capacity or raise the admission limit; make clients back off and retry.",
 )
 def admission_rejections(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
     for e in frame.engines:
-        r = _engine_rate(history, e, lambda x: x.rejected_total, th.rate_window_s)
+        r = history.engine_rate(e.target, lambda x: x.rejected_total, th.rate_window_s)
         if r is None or r < th.rejections_min_per_second:
             continue
         yield Candidate(
