@@ -22,6 +22,8 @@ from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.diagnosis.model import Diagnosis, EngineEfficiencies, EngineRecoveries
 from exporter.snapshot import Simulation, Snapshot
 
+pytestmark = pytest.mark.slow  # plays scenarios in real time: `make unit` leaves it out
+
 SCENARIO = """
 name: fast-demo
 description: One H100 serving a chat model; it runs hot, and its engine restarts once.
