@@ -351,3 +351,47 @@ def test_a_scenario_is_refused_an_engine_its_page_cannot_show(
     }
     with pytest.raises(ScenarioError, match=message):
         parse(data)
+
+
+PREFILL = {
+    "kv_transfer_s": 0.4,
+    "kv_transfer_gbps": 5,
+    "prefill_bootstrap_queue": 7,
+    "prefill_inflight_queue": 3,
+    "kv_transfer_failure_rate": 0.1,
+}
+
+
+def test_a_disaggregated_sglang_reports_its_queues_and_transfers_on_its_own_side() -> None:
+    prefill = series(scraped(of_kind("sglang", "prefill", PREFILL))[0])
+    assert prefill.disagg_queue_requests == {"prefill_bootstrap": 7, "prefill_inflight": 3}
+    assert prefill.kv_transfer_latency_seconds == pytest.approx(0.4)  # kv_transfer_latency_ms / 1000
+    assert prefill.kv_transfer_speed_bytes_per_second == pytest.approx(5e9)  # kv_transfer_speed_gb_s
+    assert prefill.kv_transfer_failures == pytest.approx(0.1 * 600, rel=1e-6)
+    (decode_t, page) = scraped(
+        of_kind("sglang", "decode", {"decode_prealloc_queue": 2, "decode_transfer_queue": 4})
+    )
+    decode = series(decode_t)
+    assert decode.disagg_queue_requests == {"decode_prealloc": 2, "decode_transfer": 4}
+    assert decode.kv_transfer_latency_seconds is None  # the decode scheduler sets no transfer gauge
+    # SGLang exports every PD gauge in every mode, at 0 where the mode has no such queue
+    assert 'sglang:num_prefill_prealloc_queue_reqs{model_name="m",engine_type="decode"' in page
+    unified = series(scraped(of_kind("sglang"))[0])
+    assert unified.disagg_queue_requests is None and unified.kv_transfer_latency_seconds is None
+
+
+def test_a_disaggregated_vllm_reports_nixl_transfers_where_they_are_pulled() -> None:
+    values = {k: PREFILL[k] for k in ("kv_transfer_s", "kv_transfer_gbps", "kv_transfer_failure_rate")}
+    t, page = scraped(of_kind("vllm", "decode", values))
+    decode = series(t)
+    # the mean of the log-normal transfer law (median 0.4 s) over the last minute
+    assert decode.kv_transfer_latency_seconds == pytest.approx(0.4 * math.exp(0.35**2 / 2), rel=0.01)
+    assert decode.kv_transfer_speed_bytes_per_second == pytest.approx(5e9, rel=0.01)
+    assert decode.kv_transfer_failures == pytest.approx(60, rel=1e-6)
+    assert decode.kv_transfer is not None and decode.kv_transfer.count == pytest.approx(5 * 600, abs=1)
+    assert "vllm:nixl_xfer_time_seconds_bucket" in page and "vllm:nixl_num_failed_notifications_total" in page
+    prefill = series(scraped(of_kind("vllm", "prefill", values))[0])
+    assert prefill.kv_transfer is not None and prefill.kv_transfer.count == 0
+    assert prefill.kv_transfer_latency_seconds is None, "no transfer observed: no value, not 0"
+    _, plain = scraped(of_kind("vllm"))
+    assert "nixl" not in plain
