@@ -513,3 +513,16 @@ def test_kv_cache_leak_edges() -> None:
     # busy engines use their cache: no verdict
     assert not fires("memory/kv_cache_leak", [with_engine(running=1.0, waiting=0.0, kv_usage_ratio=0.9)])
     assert not fires("memory/kv_cache_leak", [with_engine(running=0.0, waiting=3.0, kv_usage_ratio=0.9)])
+
+
+def test_kv_and_admission_advice_names_the_engines_own_knobs() -> None:
+    full = with_engine(kv_usage_ratio=0.99, preemptions_per_second=1.0)
+    (vllm,) = run_rule(RULES_BY_ID["memory/kv_cache_saturated"], [full])
+    (sglang,) = run_rule(
+        RULES_BY_ID["memory/kv_cache_saturated"],
+        [with_engine(kind="sglang", kv_usage_ratio=0.99, preemptions_per_second=1.0)],
+    )
+    assert vllm.advice == "" and "--schedule-conservativeness" in sglang.advice
+    refusing = [with_engine(t, kind="tgi", rejected_total=t) for t in (0.0, 30.0, 60.0)]
+    (tgi,) = run_rule(RULES_BY_ID["scheduling/admission_rejections"], refusing)
+    assert "--max-concurrent-requests" in tgi.advice

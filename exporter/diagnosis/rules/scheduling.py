@@ -172,7 +172,16 @@ def admission_rejections(frame: Frame, history: History, th: Th) -> Iterator[Can
             engine_subject(e),
             (Evidence("rejected requests", r, "per_second", f">= {th.rejections_min_per_second:g}/s"),),
             f"{e.name} refuses {r:.1f} requests/s at admission",
+            TGI_REJECTION_ADVICE if e.kind == "tgi" else "",
         )
+
+
+# TGI's router answers "overloaded" past its concurrency limit, before any queue or batch.
+TGI_REJECTION_ADVICE = (
+    "TGI's router refuses requests past --max-concurrent-requests (128 by default): add replicas "
+    "behind the load balancer, or raise the limit where the GPUs have room (they queue instead); "
+    "make clients back off and retry."
+)
 
 
 def _activity(frame: Frame, e: EngineFrame) -> float | None:
