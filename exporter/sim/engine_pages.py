@@ -97,22 +97,8 @@ NIXL_BYTES = tuple(float(2 ** (10 + i)) for i in range(1, 25, 2))
 # SGLang's defaults (TokenizerMetricsCollector, SchedulerMetricsCollector.queue_time).
 SGLANG_TTFT: Bounds = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0)
 SGLANG_TTFT += (200.0, 400.0)
-SGLANG_ITL: Bounds = (
-    0.002,
-    0.004,
-    0.006,
-    0.008,
-    0.01,
-    0.015,
-    0.02,
-    0.025,
-    0.03,
-    0.035,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-)
+SGLANG_ITL: Bounds = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06)
+SGLANG_ITL += (0.08, 0.1)
 SGLANG_ITL += (0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0)
 SGLANG_E2E = (*SGLANG_TTFT, 600.0, 1200.0, 1800.0, 2400.0)
 SGLANG_QUEUE: Bounds = (0.0, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
