@@ -167,6 +167,15 @@ class Thresholds:
     # More than one rejection every ten seconds over a minute is not a stray request.
     rejections_min_per_second: float = 0.1
     rejections_hold_s: float = 60.0
+    # Prefill/decode disaggregation out of balance: a prefill engine with 5 or more waiting
+    # requests and its GPUs 85 % active or more, while every decode engine of the model has
+    # its GPUs under 40 % active and nothing in its prealloc or transfer queue (no request
+    # is on its way to it): prefill capacity sets the throughput, decode GPUs idle. Two
+    # minutes tells a lasting mix of long prompts from one burst of them.
+    pd_prefill_waiting_min: float = 5.0
+    pd_prefill_busy_min_ratio: float = 0.85
+    pd_decode_idle_max_ratio: float = 0.4
+    pd_hold_s: float = 120.0
 
     # ---- parallel ---------------------------------------------------------------------
     # In one tensor-parallel group all ranks should be equally busy; a spread of 25
@@ -181,6 +190,14 @@ class Thresholds:
     nvlink_hold_s: float = 120.0
     # Tensor parallel without NVLink is a configuration; a minute confirms the group.
     tp_pcie_hold_s: float = 60.0
+    # A disaggregated request waits for its KV cache to move from prefill to decode before
+    # its first token. Over RDMA or NVLink that is tens of milliseconds; when it is half of
+    # the model's median time to first token or more, and that is above 200 ms (an
+    # interactive target), the transfer path (a TCP fallback, a NIC far from the GPU)
+    # sets TTFT, not compute.
+    kv_transfer_ttft_share_min: float = 0.5
+    kv_transfer_ttft_min_s: float = 0.2
+    kv_transfer_hold_s: float = 120.0
 
     # ---- decoding ---------------------------------------------------------------------
     # Below half of the drafted tokens accepted, speculative decoding usually costs more

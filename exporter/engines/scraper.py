@@ -464,6 +464,10 @@ def _series(kind: str, key: SeriesKey, raw: Raw, history: ScrapeWindow) -> Engin
         queue=raw.hists.get("queue"),
         prefill=raw.hists.get("prefill"),
         decode=raw.hists.get("decode"),
+        disagg_queue_requests=_opt(raw.maps.get("disagg_queue_requests")),
+        kv_transfer_failures=v.get("kv_transfer_failures"),
+        kv_transfer_bytes=v.get("kv_transfer_bytes"),
+        kv_transfer=raw.hists.get("kv_transfer"),
         cache_config=dict(raw.cache_config) if raw.cache_config else None,
         prompt_tokens_per_second=d.prompt_tokens_per_second,
         generation_tokens_per_second=d.generation_tokens_per_second,
@@ -471,6 +475,8 @@ def _series(kind: str, key: SeriesKey, raw: Raw, history: ScrapeWindow) -> Engin
         preemptions_per_second=d.preemptions_per_second,
         prefix_cache_hit_ratio=d.prefix_cache_hit_ratio,
         spec_decode_acceptance_ratio=d.spec_decode_acceptance_ratio,
+        kv_transfer_latency_seconds=d.kv_transfer_latency_seconds,
+        kv_transfer_speed_bytes_per_second=d.kv_transfer_speed_bytes_per_second,
         latency_quantiles=d.latency_quantiles,
     )
 

@@ -544,3 +544,17 @@ def test_kv_cache_leak_edges() -> None:
 def test_builders_make_a_quiet_node() -> None:
     d = Diagnoser()
     assert feed(d, [frame(i * 5.0, (gpu(0), gpu(1)), (engine(gpus=(0, 1)),)) for i in range(60)]) == set()
+
+
+def test_kv_and_admission_advice_names_the_engines_own_knobs() -> None:
+    def full(kind: str) -> list[Frame]:
+        return [
+            with_engine(t, kind=kind, kv_usage_ratio=0.99, preemptions_total=t) for t in (0.0, 30.0, 60.0)
+        ]
+
+    (vllm,) = run_rule(RULES_BY_ID["memory/kv_cache_saturated"], full("vllm"))
+    (sglang,) = run_rule(RULES_BY_ID["memory/kv_cache_saturated"], full("sglang"))
+    assert vllm.advice == "" and "--schedule-conservativeness" in sglang.advice
+    refusing = [with_engine(t, kind="tgi", rejected_total=t) for t in (0.0, 30.0, 60.0)]
+    (tgi,) = run_rule(RULES_BY_ID["scheduling/admission_rejections"], refusing)
+    assert "--max-concurrent-requests" in tgi.advice

@@ -41,6 +41,11 @@ REQUIRED = (
     "gpu-lost",
     "memory-leak",
     "mig",
+    # every engine kind, and disaggregated serving, played end to end
+    "sglang-retraction",
+    "tgi-overloaded",
+    "pd-prefill-bound",
+    "pd-kv-transfer-slow",
 )
 
 

@@ -81,7 +81,17 @@ def kv_cache_saturated(frame: Frame, history: History, th: Th) -> Iterator[Candi
             engine_subject(e),
             tuple(ev),
             f"{e.name}: KV cache {_pct(e.kv_usage_ratio)} full, {pre:.1f} preemptions/s",
+            SGLANG_KV_ADVICE if e.kind == "sglang" else "",
         )
+
+
+# SGLang admits on an estimate of the tokens requests will still need and retracts decoding
+# requests when they outgrow it; its knobs have other names than vLLM's.
+SGLANG_KV_ADVICE = (
+    "SGLang retracts decoding requests when the token pool runs out: raise --schedule-conservativeness "
+    "(admit on a more pessimistic estimate), lower --max-running-requests, raise --mem-fraction-static, "
+    "use an FP8 KV cache (--kv-cache-dtype fp8_e5m2), or add replicas."
+)
 
 
 @rule(
