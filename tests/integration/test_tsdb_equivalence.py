@@ -691,6 +691,7 @@ VM_CASES = [
     if (gap := (c.values[0], c.values[1], c.values[3])) in VM_INTERMITTENT
     else c
     for c in CASES
+    if c.values[3] in LAB_SCENARIOS  # the panels whose scenario this lab plays
 ]
 
 
