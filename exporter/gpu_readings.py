@@ -383,6 +383,18 @@ class Processes:
 
 
 @dataclass(frozen=True)
+class PidNamespace:
+    """Node reading of the processes collector: whether NVML's process lists can be whole."""
+
+    host: int | None = gauge(
+        "llmgpu_exporter_host_pid_namespace",
+        "1 when the exporter shares the host's PID namespace, 0 when it does not: the driver "
+        "then lists only the processes visible from the exporter's namespace, and the process "
+        "series are left out (/proc/self/ns/pid)",
+    )
+
+
+@dataclass(frozen=True)
 class MigInstance:
     mig_uuid: str = label()
     gpu_instance: int = label()

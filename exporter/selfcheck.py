@@ -140,6 +140,20 @@ def probe_gpm(nvml: Nvml, snap: Snapshot, log: smi.SmiLog | None) -> list[Check]
     return checks
 
 
+def pid_namespace(host: bool | None) -> Check:
+    """Whether NVML's process lists can be whole here (exporter/environment.py)."""
+    if host is None:
+        return Check("PID namespace", "warn", "/proc/self/ns/pid unreadable: process lists may be partial")
+    if host:
+        return Check("PID namespace", "pass", "the host's: NVML lists every GPU process")
+    return Check(
+        "PID namespace",
+        "warn",
+        "not the host's: the driver lists only processes visible here, so the process series "
+        "are left out (run the pod with hostPID: true)",
+    )
+
+
 def probe_fields(nvml: Nvml, gpus: Iterable[int]) -> list[Check]:
     checks = []
     ids = [(fid, 0) for fid in FIELD_IDS]
@@ -276,6 +290,7 @@ def run(
         if facts:
             report.driver = report.driver or facts[0][1].get("driver_version")
             report.cuda = report.cuda or facts[0][1].get("cuda_version")
+        report.checks.append(pid_namespace(exporter.environment.host_pid_namespace))
         report.checks.extend(probe_gpm(nvml, second, log))
         report.checks.extend(probe_fields(nvml, (g.index for g in second.gpus if g.up)))
         listener.join(xid_seconds + 10)

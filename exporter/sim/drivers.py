@@ -1,5 +1,5 @@
 """How real drivers and parts differ, for the fake NVML library: one profile per driver
-branch and per part quirk. A scenario picks them (`gpus: {model, driver, mig_monitor}`);
+branch and per part quirk. A scenario picks them (`gpus: {model, driver, mig_monitor, host_pid}`);
 without them the fake answers every function and field the exporter reads.
 
 Each entry names what it encodes: a symbol's first driver branch, a struct layout, a
@@ -167,10 +167,18 @@ class DriverProfile:
     # False: a container given MIG devices without NVIDIA_MIG_MONITOR_DEVICES; the MIG
     # parent then answers NVML_ERROR_NO_PERMISSION to memory and process queries.
     mig_monitor: bool = True
+    # False: an exporter without the host's PID namespace (a pod without hostPID). The
+    # driver translates each GPU process' pid into the caller's namespace and leaves out
+    # those it cannot see there; the fake's processes belong to other pods: none is listed.
+    host_pid: bool = True
 
 
-def profile(model: str, driver: str | None = None, mig_monitor: bool = True) -> DriverProfile:
-    return DriverProfile(DRIVERS[driver or DEFAULT_DRIVER], PARTS.get(model, NO_QUIRKS), mig_monitor)
+def profile(
+    model: str, driver: str | None = None, mig_monitor: bool = True, host_pid: bool = True
+) -> DriverProfile:
+    return DriverProfile(
+        DRIVERS[driver or DEFAULT_DRIVER], PARTS.get(model, NO_QUIRKS), mig_monitor, host_pid
+    )
 
 
 def resolve_driver(spec: str | None = None, cuda: str | None = None) -> Driver:

@@ -258,3 +258,18 @@ def test_power_brake_slowdown_is_not_thermal_throttling(sim) -> None:  # type: i
         phases: [{name: p, duration: 100, gpu: {util: 0.9, throttle_hw_slowdown: 1}}]
     """)
     assert "hw_slowdown" in frame_of(s2.at(5)).gpus[0].throttle_reasons
+
+
+def test_processes_outside_the_host_pid_namespace_are_absent_not_zero(sim) -> None:  # type: ignore[no-untyped-def]
+    # Without hostPID the driver lists none of the busy GPU's processes: a count of 0
+    # would be a wrong zero. The family is absent and the self-metric says why.
+    s = sim(scenario(extra="").replace("model: H100-80GB-SXM}", "model: H100-80GB-SXM, host_pid: false}"))
+    snap = s.at(5)
+    assert snap.gpu(0).up and snap.gpu(0).get(Processes) is None
+    assert snap.gpu(0).supported["processes"] is False
+    text = s.text()
+    assert "llmgpu_gpu_processes{" not in text and "llmgpu_gpu_process_memory_used_bytes{" not in text
+    assert "llmgpu_exporter_host_pid_namespace 0.0" in text
+    host = sim(scenario())
+    assert host.at(5).gpu(0).get(Processes).count == 3
+    assert "llmgpu_exporter_host_pid_namespace 1.0" in host.text()

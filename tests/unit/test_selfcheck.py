@@ -180,7 +180,16 @@ def test_passes_when_nvidia_smi_agrees(
         line = next(line for line in out.splitlines() if line.startswith(f"PASS  {name} "))
         assert "8 GPU(s): " in line, line
     assert "PASS  XID events" in out and "registered on 8 of 8 GPUs" in out
+    assert "PASS  PID namespace" in out and "NVML lists every GPU process" in out
     assert out.rstrip().splitlines()[-1].startswith("PASS: ")
+
+
+def test_a_pid_namespace_not_the_hosts_is_a_warning_naming_hostpid() -> None:
+    from exporter.selfcheck import pid_namespace
+
+    check = pid_namespace(False)
+    assert check.status == "warn" and "hostPID: true" in check.detail
+    assert pid_namespace(None).status == "warn" and pid_namespace(True).status == "pass"
 
 
 def _gpu(root: ET.Element, index: int) -> ET.Element:
@@ -251,7 +260,7 @@ def test_processes_hidden_from_nvidia_smi_are_a_warning(
     code, out = selfcheck(capsys, stand_in(tmp_path, smi_xml(snapshot), []))
     assert code == 0, out
     assert all(f"WARN  GPU {i} processes" in out for i in range(8))
-    assert "PASS: 165 checks, 8 warning(s)" in out
+    assert "PASS: 166 checks, 8 warning(s)" in out
     assert "none of them is visible from here" in out
 
 
