@@ -112,7 +112,8 @@ class Clocks:
     event_seconds: dict[str, float] | None = counter(
         "llmgpu_gpu_clock_event_seconds_total",
         "Cumulative time clocks were held down, by reason "
-        "(nvmlDeviceGetFieldValues NVML_FI_DEV_CLOCKS_EVENT_REASON_*)",
+        "(nvmlDeviceGetFieldValues NVML_FI_DEV_PERF_POLICY_POWER/_THERMAL, and "
+        "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_* where the driver's numbering is known)",
         label="reason",
     )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -44,14 +45,17 @@ DEVICE_GONE = frozenset(
 UNANSWERED = frozenset({"Unknown", "Timeout"})
 
 # Field ids (nvml.h NVML_FI_DEV_*), by number: see the module docstring.
-FI_PERF_POLICY_POWER = (
-    74  # NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP (= NVML_FI_DEV_PERF_POLICY_POWER), ns
-)
-FI_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN = 269  # NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN, ns
-FI_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN = 270  # NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN, ns
-FI_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN = (
-    271  # NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN
-)
+# The counters nvmlDeviceGetViolationStatus answers for NVML_PERF_POLICY_POWER and _THERMAL
+# (deprecated in nvml.h 13.0, which maps them to ..._SW_POWER_CAP and ..._SW_THERM_SLOWDOWN),
+# by ids that never moved: ns.
+FI_PERF_POLICY_POWER = 74  # NVML_FI_DEV_PERF_POLICY_POWER (= ..._CLOCKS_EVENT_REASON_SW_POWER_CAP)
+FI_PERF_POLICY_THERMAL = 75  # NVML_FI_DEV_PERF_POLICY_THERMAL
+# NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN and _HW_POWER_BRAKE_SLOWDOWN (ns) moved:
+# nvml.h 12.9/13.0 and nvidia-ml-py 12.575.51/13.580.65 have them at 252/253 (269-271 are
+# power-smoothing settings there); nvml.h 13.1+ and nvidia-ml-py 13.580.82+ at 270/271
+# (251-268 are power smoothing); nvml.h 12.8 and older have neither.
+FI_HW_SLOWDOWN_R575 = {"hw_thermal": 252, "hw_power_brake": 253}
+FI_HW_SLOWDOWN_R580_82 = {"hw_thermal": 270, "hw_power_brake": 271}
 FI_MEMORY_TEMP = 82  # NVML_FI_DEV_MEMORY_TEMP, degrees C
 FI_NVLINK_LINK_COUNT = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
 FI_PCIE_REPLAY_COUNTER = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
@@ -68,6 +72,23 @@ FI_PCIE_COUNT_RX_BYTES = 198  # NVML_FI_DEV_PCIE_COUNT_RX_BYTES
 # Data CRC has no link-scoped id: NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L0..L5 are 39..44
 # and _L6..L11 are 102..107, one id per link, none past link 11.
 FI_NVLINK_CRC_DATA_ERROR_COUNT = (39, 40, 41, 42, 43, 44, 102, 103, 104, 105, 106, 107)
+
+
+def hw_slowdown_fields(driver_version: str) -> dict[str, int] | None:
+    """The field ids of the HW thermal and HW power brake durations on this driver: {} on
+    drivers before R575 (none), None where its numbering is not known (580.66 to 580.81,
+    which no header or binding release covers): then they are not read at all."""
+    m = re.match(r"(\d+)\.(\d+)", driver_version)
+    if m is None:
+        return None
+    major, minor = int(m.group(1)), int(m.group(2))
+    if major < 575:
+        return {}
+    if major < 580 or (major == 580 and minor <= 65):
+        return dict(FI_HW_SLOWDOWN_R575)
+    if major > 580 or minor >= 82:
+        return dict(FI_HW_SLOWDOWN_R580_82)
+    return None
 
 
 # Raised by the binding's unversioned wrappers (nvmlDeviceGetComputeRunningProcesses) when

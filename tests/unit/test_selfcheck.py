@@ -260,7 +260,7 @@ def test_processes_hidden_from_nvidia_smi_are_a_warning(
     code, out = selfcheck(capsys, stand_in(tmp_path, smi_xml(snapshot), []))
     assert code == 0, out
     assert all(f"WARN  GPU {i} processes" in out for i in range(8))
-    assert "PASS: 166 checks, 8 warning(s)" in out
+    assert "PASS: 167 checks, 8 warning(s)" in out
     assert "none of them is visible from here" in out
 
 
@@ -353,3 +353,12 @@ def test_compare_on_a_recorded_a10g() -> None:
     old = smi.SmiLog("515.105.01", None, (dataclasses.replace(t, memory_reserved_bytes=None),))
     old = dataclasses.replace(old, gpus=(dataclasses.replace(old.gpus[0], memory_used_bytes=457 * MIB),))
     assert ("memory used", "pass") in {(c.name, c.status) for c in compare(one, one, old, None)}
+
+
+def test_the_clock_event_ids_line_names_the_drivers_numbering() -> None:
+    from exporter.selfcheck import clock_event_numbering
+
+    assert "HW thermal at 252" in clock_event_numbering("580.65.06").detail
+    assert "HW thermal at 270" in clock_event_numbering("590.48.01").detail
+    assert clock_event_numbering("580.76.05").status == "warn"
+    assert "no HW slowdown" in clock_event_numbering("535.216.03").detail
