@@ -384,6 +384,17 @@ class Processes:
 
 
 @dataclass(frozen=True)
+class NvmlSession:
+    """Node reading of the device collector: the NVML session across driver reloads."""
+
+    restarts: int | None = counter(
+        "llmgpu_exporter_nvml_restarts_total",
+        "NVML sessions rebuilt (nvmlShutdown, nvmlInit) after the driver went away or came "
+        "back as another version (Uninitialized, DriverNotLoaded, LibRmVersionMismatch)",
+    )
+
+
+@dataclass(frozen=True)
 class PidNamespace:
     """Node reading of the processes collector: whether NVML's process lists can be whole."""
 

@@ -40,6 +40,11 @@ DEVICE_GONE = frozenset(
         "LibRmVersionMismatch",
     }
 )
+# Errors that mean the driver went away or came back (reloaded, upgraded, unloaded): no
+# handle of this session is any use again; the session is shut down and initialised anew
+# (`Nvml.recover`), with a backoff while the driver stays away.
+RELOADED = frozenset({"Uninitialized", "DriverNotLoaded", "LibRmVersionMismatch"})
+RESTART_BACKOFF_S = (1.0, 60.0)  # first wait after a failed nvmlInit, and the longest
 # Errors of a call the GPU did not answer: a read in which every call ends so means the
 # GPU is not answering (gpu.py); NoPermission and the like are answers.
 UNANSWERED = frozenset({"Unknown", "Timeout"})
@@ -197,6 +202,79 @@ class Nvml:
         self._missing_logged: set[str] = set()
         self._variant: dict[str, int] = {}
         self.count = self._device_count()
+        # The session: `generation` counts the sessions since start, `restarts` the ones
+        # rebuilt after the driver went away; `lost` names the error that ended the
+        # current one until it is rebuilt.
+        self.generation = 0
+        self.restarts = 0
+        self.lost: str | None = None
+        self._retry_at = 0.0
+        self._backoff = RESTART_BACKOFF_S[0]
+        self._waits = 0  # blocking calls in flight (the XID thread's event wait)
+        self._before_restart: list[Callable[[], None]] = []
+
+    # ---- the session across driver reloads ---------------------------------------------------
+
+    def session_lost(self, name: str) -> None:
+        """A call answered a RELOADED error: the session must be rebuilt before the next read."""
+        with self._lock:
+            if self.lost is None:
+                self.lost = name
+                self._retry_at = 0.0
+                log.warning("NVML answered %s: the driver went away; the session will be rebuilt", name)
+
+    def before_restart(self, release: Callable[[], None]) -> None:
+        """Call `release` before the session is shut down (GPM sample buffers are freed there)."""
+        self._before_restart.append(release)
+
+    def recover(self, now: float) -> bool:
+        """True when the session is usable. After `session_lost`, shut NVML down and
+        initialise it again, at most once per backoff step (1 s doubling to 60 s) while the
+        driver stays away, and never while a blocking call of the old session is in flight."""
+        with self._lock:
+            if self.lost is None:
+                return True
+            if self._waits or now < self._retry_at:
+                return False
+            self._retry_at = now + self._backoff  # the attempt below may fail
+        for release in self._before_restart:
+            with contextlib.suppress(Exception):
+                release()
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+        try:
+            pynvml.nvmlInit()
+            count = int(pynvml.nvmlDeviceGetCount())
+        except pynvml.NVMLError as err:
+            with self._lock:
+                self._backoff = min(self._backoff * 2, RESTART_BACKOFF_S[1])
+            log.warning(
+                "NVML init after %s failed (%s); next try in %g s", self.lost, error_name(err), self._backoff
+            )
+            return False
+        with self._lock:
+            self._handles.clear()
+            self._variant.clear()
+            self.count = count
+            self.generation += 1
+            self.restarts += 1
+            log.warning("NVML session rebuilt after %s: %d GPU(s)", self.lost, count)
+            self.lost = None
+            self._backoff = RESTART_BACKOFF_S[0]
+        return True
+
+    def blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`query` for a call that may block (an event wait): no restart runs meanwhile, and
+        none starts on a session already lost."""
+        with self._lock:
+            if self.lost is not None:
+                raise NvmlError(self.lost, getattr(fn, "__name__", "call"))
+            self._waits += 1
+        try:
+            return self.query(fn, *args)
+        finally:
+            with self._lock:
+                self._waits -= 1
 
     def _device_count(self) -> int:
         count = self.query(pynvml.nvmlDeviceGetCount)

@@ -122,6 +122,10 @@ class ClocksCollector(GpuCollector):
         self._last = {k: v for k, v in self._last.items() if k[0] != index}
         self._dropped = {k for k in self._dropped if k[0] != index}
 
+    def reset(self) -> None:
+        super().reset()
+        self._fields = None  # a reloaded driver may be another version: its ids are asked again
+
 
 @register("clocks", "SM and memory clocks, clock-event (throttle) reasons and their durations", nvml=True)
 def _clocks(ctx: Context) -> ClocksCollector:

@@ -4,7 +4,8 @@ Each GPU keeps two sample buffers and alternates them: every run takes one new s
 and compares it with the previous run's, so nothing ever sleeps between two samples.
 NVML compares only samples at least 100 ms apart: a run sooner than that after the last
 sample keeps the previous sample and repeats the last result. Buffers are freed when a
-GPU stops answering and when the collector stops.
+GPU stops answering, when the collector stops, and before the NVML session is rebuilt
+after a driver reload (new buffers are then allocated on the new session).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class GpmCollector(GpuCollector):
         super().__init__(ctx)
         self.clock = ctx.clock
         self._state: dict[int, _GpuState] = {}
+        self.nvml.before_restart(self.stop)  # free the buffers while their session exists
 
     def _gpu(self, index: int, h: Any) -> _GpuState | None:
         state = self._state.get(index)

@@ -84,7 +84,7 @@ GPU_KEYS: dict[str, float] = {
     "remap_failed": 0.0,
 }
 
-FAULT_KINDS = ("error", "hang", "lost", "xid", "engine_down")
+FAULT_KINDS = ("error", "hang", "lost", "xid", "engine_down", "reload")
 
 NVLINK_KEYS = ("nvlink_tx_bps", "nvlink_rx_bps", "nvlink_error_rate")
 ECC_KEYS = ("ecc_corrected_rate", "ecc_uncorrected_rate")
@@ -571,7 +571,7 @@ def _fault(raw: Any, i: int, fail: Callable[[str, str], ScenarioError], count: i
         until=until,
         gpu=gpu,
         function=raw.get("function"),
-        error=str(raw.get("error", "Unknown")),
+        error=str(raw.get("error", "DriverNotLoaded" if kind == "reload" else "Unknown")),
         seconds=hang,
         xid=int(xid),
         engine=raw.get("engine"),
