@@ -220,6 +220,33 @@ class MetricSource:
 
 
 @dataclass(frozen=True)
+class MigActivity:
+    """GPM activity of one MIG GPU instance, between two nvmlGpmMigSampleGet samples."""
+
+    gpu_instance: int = label()
+    sm_active_ratio: float | None = gauge(
+        "llmgpu_gpu_mig_sm_active_ratio",
+        "Fraction of the GPU instance's SMs busy (nvmlGpmMigSampleGet NVML_GPM_METRIC_SM_UTIL)",
+    )
+    tensor_active_ratio: float | None = gauge(
+        "llmgpu_gpu_mig_tensor_active_ratio",
+        "Fraction of time the GPU instance's tensor cores were busy "
+        "(nvmlGpmMigSampleGet NVML_GPM_METRIC_ANY_TENSOR_UTIL)",
+    )
+    dram_active_ratio: float | None = gauge(
+        "llmgpu_gpu_mig_dram_active_ratio",
+        "DRAM bandwidth the GPU instance used over its theoretical maximum "
+        "(nvmlGpmMigSampleGet NVML_GPM_METRIC_DRAM_BW_UTIL)",
+    )
+
+
+@dataclass(frozen=True)
+class MigProfiling:
+    family: ClassVar[str] = "gpm_mig"
+    instances: tuple[MigActivity, ...] = nested(MigActivity)
+
+
+@dataclass(frozen=True)
 class MetricSources:
     """Per GPU and metric of the profiling family, which source it came from."""
 
@@ -443,4 +470,5 @@ GPU_READINGS: tuple[type, ...] = (
     Xid,
     Processes,
     Mig,
+    MigProfiling,
 )

@@ -27,7 +27,7 @@ from typing import TextIO
 
 from exporter import __version__, smi
 from exporter.config import Settings, replace
-from exporter.gpu_readings import DeviceFacts, Profiling
+from exporter.gpu_readings import DeviceFacts, MigProfiling, Profiling
 from exporter.metricdef import has_value
 from exporter.nvml import (
     FI_MEMORY_TEMP,
@@ -129,8 +129,13 @@ def probe_gpm(nvml: Nvml, snap: Snapshot, log: smi.SmiLog | None) -> list[Check]
         prof = g.get(Profiling)
         theirs = log.gpu(g.uuid) if log else None
         arch = theirs.architecture if theirs else None
-        if theirs is not None and theirs.mig_enabled:
-            checks.append(Check("GPM", "skip", "MIG is on: GPM samples each instance, not the GPU", g.index))
+        mig_on = (theirs is not None and theirs.mig_enabled) or (g.facts or DeviceFacts()).get(
+            "mig_mode"
+        ) == "enabled"
+        if mig_on and support is not None and support.isSupportedDevice:
+            checks.append(gpm_under_mig(g.index, prof, g.get(MigProfiling)))
+        elif mig_on:
+            checks.append(Check("GPM", "skip", "MIG is on and the driver reports no GPM support", g.index))
         elif support is None or not support.isSupportedDevice:
             if arch in GPM_ARCHITECTURES:
                 checks.append(
@@ -181,6 +186,23 @@ def clock_event_numbering(driver: str) -> Check:
         f"driver {driver}: HW thermal at {numbered['hw_thermal']}, HW power brake at "
         f"{numbered['hw_power_brake']} ({binding})",
     )
+
+
+def gpm_under_mig(index: int, parent: Profiling | None, instances: MigProfiling | None) -> Check:
+    """What GPM answers on a MIG-enabled GPU, recorded: no source says what a sample of the
+    parent covers, and nvmlGpmMigSampleGet is what gives each GPU instance its activity."""
+    shown = "no metrics"
+    if parent is not None and parent.sm_active_ratio is not None:
+        shown = f"SM active {parent.sm_active_ratio:.2f}, tensor {parent.tensor_active_ratio or 0:.2f}"
+    per = [
+        f"GI {i.gpu_instance} SM {i.sm_active_ratio:.2f}"
+        for i in (instances.instances if instances else ())
+        if i.sm_active_ratio is not None
+    ]
+    detail = (
+        f"MIG on: the parent's samples gave {shown}; nvmlGpmMigSampleGet gave {', '.join(per) or 'nothing'}"
+    )
+    return Check("GPM", "pass" if per else "warn", detail, index)
 
 
 def probe_fields(nvml: Nvml, gpus: Iterable[int], driver: str = "") -> list[Check]:

@@ -77,6 +77,7 @@ DRIVERS: dict[str, Driver] = {
                 "nvmlGpmSampleAlloc",
                 "nvmlGpmSampleFree",
                 "nvmlGpmSampleGet",
+                "nvmlGpmMigSampleGet",
                 "nvmlGpmMetricsGet",
             }
         ),
@@ -97,6 +98,7 @@ DRIVERS: dict[str, Driver] = {
                 "nvmlGpmSampleAlloc",
                 "nvmlGpmSampleFree",
                 "nvmlGpmSampleGet",
+                "nvmlGpmMigSampleGet",
                 "nvmlGpmMetricsGet",
             }
         ),

@@ -362,3 +362,17 @@ def test_the_clock_event_ids_line_names_the_drivers_numbering() -> None:
     assert "HW thermal at 270" in clock_event_numbering("590.48.01").detail
     assert clock_event_numbering("580.76.05").status == "warn"
     assert "no HW slowdown" in clock_event_numbering("535.216.03").detail
+
+
+def test_gpm_under_mig_records_what_the_parent_and_each_instance_answer() -> None:
+    from exporter.gpu_readings import MigActivity, MigProfiling, Profiling
+    from exporter.selfcheck import gpm_under_mig
+
+    check = gpm_under_mig(
+        1,
+        Profiling(sm_active_ratio=0.5),
+        MigProfiling(instances=(MigActivity(gpu_instance=1, sm_active_ratio=0.25),)),
+    )
+    assert check.status == "pass" and "parent's samples gave SM active 0.50" in check.detail
+    assert "GI 1 SM 0.25" in check.detail
+    assert gpm_under_mig(1, None, None).status == "warn"
