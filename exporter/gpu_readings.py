@@ -416,8 +416,8 @@ class NvmlSession:
 
     restarts: int | None = counter(
         "llmgpu_exporter_nvml_restarts_total",
-        "NVML sessions rebuilt (nvmlShutdown, nvmlInit) after the driver went away or came "
-        "back as another version (Uninitialized, DriverNotLoaded, LibRmVersionMismatch)",
+        "NVML sessions rebuilt after the driver went away or came back as another version, "
+        "answering Uninitialized, DriverNotLoaded or LibRmVersionMismatch (nvmlShutdown, nvmlInit)",
     )
 
 
