@@ -112,6 +112,7 @@ def build(settings: Settings, env: Environment | None = None) -> Exporter:
                     pace=env.pace,
                     sysfs=env.sysfs,
                     exposed=shown.allows,
+                    host_pid_namespace=env.host_pid_namespace,
                 )
             ),
             interval=settings.interval,

@@ -5,10 +5,24 @@ The simulator hands a node of its own making instead (exporter/sim/node.py): a f
 NVML library already installed, a sysfs of the fake GPUs, scenario time, its engines'
 and dcgm-exporter's targets in the settings, and what to stop when the exporter closes.
 `app.build` assembles the same exporter from either.
+
+The node also says whether the exporter shares the host's PID namespace. The kernel
+driver translates the pid of every GPU process into the caller's namespace and leaves
+out those it cannot see there (open-gpu-kernel-modules: `gpuGetProcWithObject` skips a
+client whose `_gpuConvertPid` answers NV_ERR_OBJECT_NOT_FOUND), so outside the host's
+namespace NVML's process list is empty or partial. The test is the inode of
+`/proc/self/ns/pid`: the initial PID namespace always has PROC_PID_INIT_INO (0xEFFFFFFC,
+include/linux/proc_ns.h, fixed since Linux 3.8) and any other one a number allocated
+from 0xF0000000 up. Comparing with `/proc/1/ns/pid` proves nothing (in a container pid 1
+is the container's own init), and neither does the length of `NSpid` in
+`/proc/self/status`: it starts at the namespace of whoever mounted that /proc, which in
+a container is the container's own.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +31,17 @@ from exporter.config import Settings
 from exporter.snapshot import Snapshot
 
 Enricher = Callable[[Snapshot], tuple[object, ...]]
+PROC_PID_INIT_INO = 0xEFFFFFFC  # include/linux/proc_ns.h: the initial PID namespace's inode
+
+
+def host_pid_namespace(proc: str = "/proc") -> bool | None:
+    """True in the host's (initial) PID namespace, False in another, None where /proc cannot tell."""
+    try:
+        link = os.readlink(os.path.join(proc, "self/ns/pid"))
+    except OSError:
+        return None
+    m = re.fullmatch(r"pid:\[(\d+)\]", link)
+    return None if m is None else int(m.group(1)) == PROC_PID_INIT_INO
 
 
 @dataclass
@@ -31,6 +56,8 @@ class Environment:
     enrichers: tuple[Enricher, ...] = ()  # whole-snapshot steps before the engine-GPU join
     before_step: Callable[[], object] | None = None  # in stepped runs, before each cycle
     simulated: bool = False
+    # Whether NVML's process lists are whole here (see the module docstring); None: unknown.
+    host_pid_namespace: bool | None = field(default_factory=host_pid_namespace)
     # Released after NVML is shut down, last started first.
     closers: list[Callable[[], None]] = field(default_factory=list)
 

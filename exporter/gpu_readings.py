@@ -112,7 +112,8 @@ class Clocks:
     event_seconds: dict[str, float] | None = counter(
         "llmgpu_gpu_clock_event_seconds_total",
         "Cumulative time clocks were held down, by reason "
-        "(nvmlDeviceGetFieldValues NVML_FI_DEV_CLOCKS_EVENT_REASON_*)",
+        "(nvmlDeviceGetFieldValues NVML_FI_DEV_PERF_POLICY_POWER/_THERMAL, and "
+        "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_* where the driver's numbering is known)",
         label="reason",
     )
 
@@ -216,6 +217,33 @@ class MetricSource:
         "or dcgm (a co-located dcgm-exporter) (runner)",
         profile="full",  # one series per profiling metric: `--metric llmgpu_gpu_metric_source`
     )
+
+
+@dataclass(frozen=True)
+class MigActivity:
+    """GPM activity of one MIG GPU instance, between two nvmlGpmMigSampleGet samples."""
+
+    gpu_instance: int = label()
+    sm_active_ratio: float | None = gauge(
+        "llmgpu_gpu_mig_sm_active_ratio",
+        "Fraction of the GPU instance's SMs busy (nvmlGpmMigSampleGet NVML_GPM_METRIC_SM_UTIL)",
+    )
+    tensor_active_ratio: float | None = gauge(
+        "llmgpu_gpu_mig_tensor_active_ratio",
+        "Fraction of time the GPU instance's tensor cores were busy "
+        "(nvmlGpmMigSampleGet NVML_GPM_METRIC_ANY_TENSOR_UTIL)",
+    )
+    dram_active_ratio: float | None = gauge(
+        "llmgpu_gpu_mig_dram_active_ratio",
+        "DRAM bandwidth the GPU instance used over its theoretical maximum "
+        "(nvmlGpmMigSampleGet NVML_GPM_METRIC_DRAM_BW_UTIL)",
+    )
+
+
+@dataclass(frozen=True)
+class MigProfiling:
+    family: ClassVar[str] = "gpm_mig"
+    instances: tuple[MigActivity, ...] = nested(MigActivity)
 
 
 @dataclass(frozen=True)
@@ -383,6 +411,29 @@ class Processes:
 
 
 @dataclass(frozen=True)
+class NvmlSession:
+    """Node reading of the device collector: the NVML session across driver reloads."""
+
+    restarts: int | None = counter(
+        "llmgpu_exporter_nvml_restarts_total",
+        "NVML sessions rebuilt after the driver went away or came back as another version, "
+        "answering Uninitialized, DriverNotLoaded or LibRmVersionMismatch (nvmlShutdown, nvmlInit)",
+    )
+
+
+@dataclass(frozen=True)
+class PidNamespace:
+    """Node reading of the processes collector: whether NVML's process lists can be whole."""
+
+    host: int | None = gauge(
+        "llmgpu_exporter_host_pid_namespace",
+        "1 when the exporter shares the host's PID namespace, 0 when it does not: the driver "
+        "then lists only the processes visible from the exporter's namespace, and the process "
+        "series are left out (/proc/self/ns/pid)",
+    )
+
+
+@dataclass(frozen=True)
 class MigInstance:
     mig_uuid: str = label()
     gpu_instance: int = label()
@@ -419,4 +470,5 @@ GPU_READINGS: tuple[type, ...] = (
     Xid,
     Processes,
     Mig,
+    MigProfiling,
 )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -39,19 +40,27 @@ DEVICE_GONE = frozenset(
         "LibRmVersionMismatch",
     }
 )
+# Errors that mean the driver went away or came back (reloaded, upgraded, unloaded): no
+# handle of this session is any use again; the session is shut down and initialised anew
+# (`Nvml.recover`), with a backoff while the driver stays away.
+RELOADED = frozenset({"Uninitialized", "DriverNotLoaded", "LibRmVersionMismatch"})
+RESTART_BACKOFF_S = (1.0, 60.0)  # first wait after a failed nvmlInit, and the longest
 # Errors of a call the GPU did not answer: a read in which every call ends so means the
 # GPU is not answering (gpu.py); NoPermission and the like are answers.
 UNANSWERED = frozenset({"Unknown", "Timeout"})
 
 # Field ids (nvml.h NVML_FI_DEV_*), by number: see the module docstring.
-FI_PERF_POLICY_POWER = (
-    74  # NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP (= NVML_FI_DEV_PERF_POLICY_POWER), ns
-)
-FI_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN = 269  # NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN, ns
-FI_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN = 270  # NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN, ns
-FI_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN = (
-    271  # NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN
-)
+# The counters nvmlDeviceGetViolationStatus answers for NVML_PERF_POLICY_POWER and _THERMAL
+# (deprecated in nvml.h 13.0, which maps them to ..._SW_POWER_CAP and ..._SW_THERM_SLOWDOWN),
+# by ids that never moved: ns.
+FI_PERF_POLICY_POWER = 74  # NVML_FI_DEV_PERF_POLICY_POWER (= ..._CLOCKS_EVENT_REASON_SW_POWER_CAP)
+FI_PERF_POLICY_THERMAL = 75  # NVML_FI_DEV_PERF_POLICY_THERMAL
+# NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN and _HW_POWER_BRAKE_SLOWDOWN (ns) moved:
+# nvml.h 12.9/13.0 and nvidia-ml-py 12.575.51/13.580.65 have them at 252/253 (269-271 are
+# power-smoothing settings there); nvml.h 13.1+ and nvidia-ml-py 13.580.82+ at 270/271
+# (251-268 are power smoothing); nvml.h 12.8 and older have neither.
+FI_HW_SLOWDOWN_R575 = {"hw_thermal": 252, "hw_power_brake": 253}
+FI_HW_SLOWDOWN_R580_82 = {"hw_thermal": 270, "hw_power_brake": 271}
 FI_MEMORY_TEMP = 82  # NVML_FI_DEV_MEMORY_TEMP, degrees C
 FI_NVLINK_LINK_COUNT = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
 FI_PCIE_REPLAY_COUNTER = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
@@ -68,6 +77,23 @@ FI_PCIE_COUNT_RX_BYTES = 198  # NVML_FI_DEV_PCIE_COUNT_RX_BYTES
 # Data CRC has no link-scoped id: NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L0..L5 are 39..44
 # and _L6..L11 are 102..107, one id per link, none past link 11.
 FI_NVLINK_CRC_DATA_ERROR_COUNT = (39, 40, 41, 42, 43, 44, 102, 103, 104, 105, 106, 107)
+
+
+def hw_slowdown_fields(driver_version: str) -> dict[str, int] | None:
+    """The field ids of the HW thermal and HW power brake durations on this driver: {} on
+    drivers before R575 (none), None where its numbering is not known (580.66 to 580.81,
+    which no header or binding release covers): then they are not read at all."""
+    m = re.match(r"(\d+)\.(\d+)", driver_version)
+    if m is None:
+        return None
+    major, minor = int(m.group(1)), int(m.group(2))
+    if major < 575:
+        return {}
+    if major < 580 or (major == 580 and minor <= 65):
+        return dict(FI_HW_SLOWDOWN_R575)
+    if major > 580 or minor >= 82:
+        return dict(FI_HW_SLOWDOWN_R580_82)
+    return None
 
 
 # Raised by the binding's unversioned wrappers (nvmlDeviceGetComputeRunningProcesses) when
@@ -176,6 +202,79 @@ class Nvml:
         self._missing_logged: set[str] = set()
         self._variant: dict[str, int] = {}
         self.count = self._device_count()
+        # The session: `generation` counts the sessions since start, `restarts` the ones
+        # rebuilt after the driver went away; `lost` names the error that ended the
+        # current one until it is rebuilt.
+        self.generation = 0
+        self.restarts = 0
+        self.lost: str | None = None
+        self._retry_at = 0.0
+        self._backoff = RESTART_BACKOFF_S[0]
+        self._waits = 0  # blocking calls in flight (the XID thread's event wait)
+        self._before_restart: list[Callable[[], None]] = []
+
+    # ---- the session across driver reloads ---------------------------------------------------
+
+    def session_lost(self, name: str) -> None:
+        """A call answered a RELOADED error: the session must be rebuilt before the next read."""
+        with self._lock:
+            if self.lost is None:
+                self.lost = name
+                self._retry_at = 0.0
+                log.warning("NVML answered %s: the driver went away; the session will be rebuilt", name)
+
+    def before_restart(self, release: Callable[[], None]) -> None:
+        """Call `release` before the session is shut down (GPM sample buffers are freed there)."""
+        self._before_restart.append(release)
+
+    def recover(self, now: float) -> bool:
+        """True when the session is usable. After `session_lost`, shut NVML down and
+        initialise it again, at most once per backoff step (1 s doubling to 60 s) while the
+        driver stays away, and never while a blocking call of the old session is in flight."""
+        with self._lock:
+            if self.lost is None:
+                return True
+            if self._waits or now < self._retry_at:
+                return False
+            self._retry_at = now + self._backoff  # the attempt below may fail
+        for release in self._before_restart:
+            with contextlib.suppress(Exception):
+                release()
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+        try:
+            pynvml.nvmlInit()
+            count = int(pynvml.nvmlDeviceGetCount())
+        except pynvml.NVMLError as err:
+            with self._lock:
+                self._backoff = min(self._backoff * 2, RESTART_BACKOFF_S[1])
+            log.warning(
+                "NVML init after %s failed (%s); next try in %g s", self.lost, error_name(err), self._backoff
+            )
+            return False
+        with self._lock:
+            self._handles.clear()
+            self._variant.clear()
+            self.count = count
+            self.generation += 1
+            self.restarts += 1
+            log.warning("NVML session rebuilt after %s: %d GPU(s)", self.lost, count)
+            self.lost = None
+            self._backoff = RESTART_BACKOFF_S[0]
+        return True
+
+    def blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`query` for a call that may block (an event wait): no restart runs meanwhile, and
+        none starts on a session already lost."""
+        with self._lock:
+            if self.lost is not None:
+                raise NvmlError(self.lost, getattr(fn, "__name__", "call"))
+            self._waits += 1
+        try:
+            return self.query(fn, *args)
+        finally:
+            with self._lock:
+                self._waits -= 1
 
     def _device_count(self) -> int:
         count = self.query(pynvml.nvmlDeviceGetCount)

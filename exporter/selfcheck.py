@@ -27,19 +27,20 @@ from typing import TextIO
 
 from exporter import __version__, smi
 from exporter.config import Settings, replace
-from exporter.gpu_readings import DeviceFacts, Profiling
+from exporter.gpu_readings import DeviceFacts, MigProfiling, Profiling
 from exporter.metricdef import has_value
 from exporter.nvml import (
-    FI_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
     FI_MEMORY_TEMP,
     FI_PCIE_COUNT_RX_BYTES,
     FI_PCIE_COUNT_TX_BYTES,
     FI_PCIE_REPLAY_COUNTER,
     FI_PERF_POLICY_POWER,
+    FI_PERF_POLICY_THERMAL,
     Nvml,
     NvmlError,
     NvmlUnavailable,
     decode,
+    hw_slowdown_fields,
 )
 from exporter.nvml import const as N
 from exporter.smi_compare import RULES, Check, compare
@@ -50,14 +51,19 @@ EXIT_FAIL = 1
 EXIT_NO_DRIVER = 3
 MIB = smi.MIB
 
-# Field values the exporter reads (PCIe counters, HBM temperature, throttle durations).
+# Field values the exporter reads (PCIe counters, HBM temperature, throttle durations);
+# the HW slowdown durations join under the ids this driver gives them.
 FIELD_IDS = {
     FI_PCIE_COUNT_TX_BYTES: "PCIE_COUNT_TX_BYTES",
     FI_PCIE_COUNT_RX_BYTES: "PCIE_COUNT_RX_BYTES",
     FI_PCIE_REPLAY_COUNTER: "PCIE_REPLAY_COUNTER",
     FI_MEMORY_TEMP: "MEMORY_TEMP",
-    FI_PERF_POLICY_POWER: "CLOCKS_EVENT_REASON_SW_POWER_CAP",
-    FI_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: "CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN",
+    FI_PERF_POLICY_POWER: "PERF_POLICY_POWER",
+    FI_PERF_POLICY_THERMAL: "PERF_POLICY_THERMAL",
+}
+HW_SLOWDOWN_NAMES = {
+    "hw_thermal": "CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN",
+    "hw_power_brake": "CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN",
 }
 GPM_ARCHITECTURES = ("Hopper", "Blackwell")
 
@@ -123,8 +129,13 @@ def probe_gpm(nvml: Nvml, snap: Snapshot, log: smi.SmiLog | None) -> list[Check]
         prof = g.get(Profiling)
         theirs = log.gpu(g.uuid) if log else None
         arch = theirs.architecture if theirs else None
-        if theirs is not None and theirs.mig_enabled:
-            checks.append(Check("GPM", "skip", "MIG is on: GPM samples each instance, not the GPU", g.index))
+        mig_on = (theirs is not None and theirs.mig_enabled) or (g.facts or DeviceFacts()).get(
+            "mig_mode"
+        ) == "enabled"
+        if mig_on and support is not None and support.isSupportedDevice:
+            checks.append(gpm_under_mig(g.index, prof, g.get(MigProfiling)))
+        elif mig_on:
+            checks.append(Check("GPM", "skip", "MIG is on and the driver reports no GPM support", g.index))
         elif support is None or not support.isSupportedDevice:
             if arch in GPM_ARCHITECTURES:
                 checks.append(
@@ -140,16 +151,73 @@ def probe_gpm(nvml: Nvml, snap: Snapshot, log: smi.SmiLog | None) -> list[Check]
     return checks
 
 
-def probe_fields(nvml: Nvml, gpus: Iterable[int]) -> list[Check]:
+def pid_namespace(host: bool | None) -> Check:
+    """Whether NVML's process lists can be whole here (exporter/environment.py)."""
+    if host is None:
+        return Check("PID namespace", "warn", "/proc/self/ns/pid unreadable: process lists may be partial")
+    if host:
+        return Check("PID namespace", "pass", "the host's: NVML lists every GPU process")
+    return Check(
+        "PID namespace",
+        "warn",
+        "not the host's: the driver lists only processes visible here, so the process series "
+        "are left out (run the pod with hostPID: true)",
+    )
+
+
+def clock_event_numbering(driver: str) -> Check:
+    """Which ids the HW slowdown durations are read from on this driver, beside the
+    binding's own constants (which follow the header it was made from, not the driver)."""
+    numbered = hw_slowdown_fields(driver)
+    theirs = getattr(N, "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN", None)
+    binding = f"the binding's constant: {theirs}" if theirs is not None else "the binding has no constant"
+    if numbered is None:
+        return Check(
+            "clock-event ids",
+            "warn",
+            f"driver {driver}: which ids hold the HW thermal and power brake durations is not "
+            f"known, so they are not read ({binding})",
+        )
+    if not numbered:
+        return Check("clock-event ids", "pass", f"driver {driver} has no HW slowdown duration fields")
+    return Check(
+        "clock-event ids",
+        "pass",
+        f"driver {driver}: HW thermal at {numbered['hw_thermal']}, HW power brake at "
+        f"{numbered['hw_power_brake']} ({binding})",
+    )
+
+
+def gpm_under_mig(index: int, parent: Profiling | None, instances: MigProfiling | None) -> Check:
+    """What GPM answers on a MIG-enabled GPU, recorded: no source says what a sample of the
+    parent covers, and nvmlGpmMigSampleGet is what gives each GPU instance its activity."""
+    shown = "no metrics"
+    if parent is not None and parent.sm_active_ratio is not None:
+        shown = f"SM active {parent.sm_active_ratio:.2f}, tensor {parent.tensor_active_ratio or 0:.2f}"
+    per = [
+        f"GI {i.gpu_instance} SM {i.sm_active_ratio:.2f}"
+        for i in (instances.instances if instances else ())
+        if i.sm_active_ratio is not None
+    ]
+    detail = (
+        f"MIG on: the parent's samples gave {shown}; nvmlGpmMigSampleGet gave {', '.join(per) or 'nothing'}"
+    )
+    return Check("GPM", "pass" if per else "warn", detail, index)
+
+
+def probe_fields(nvml: Nvml, gpus: Iterable[int], driver: str = "") -> list[Check]:
     checks = []
-    ids = [(fid, 0) for fid in FIELD_IDS]
+    names = dict(FIELD_IDS)
+    for reason, fid in (hw_slowdown_fields(driver) or {}).items():
+        names[fid] = HW_SLOWDOWN_NAMES[reason]
+    ids = [(fid, 0) for fid in names]
     for index in gpus:
         try:
             got = nvml.field_values(nvml.handle(index), ids)
         except NvmlError as err:
             checks.append(Check("field values", "fail", f"nvmlDeviceGetFieldValues: {err.name}", index))
             continue
-        absent = [FIELD_IDS[fid] for fid, _ in ids if (fid, 0) not in got]
+        absent = [names[fid] for fid, _ in ids if (fid, 0) not in got]
         if len(absent) == len(ids):
             checks.append(Check("field values", "fail", "nvmlDeviceGetFieldValues answered none", index))
         else:
@@ -276,8 +344,11 @@ def run(
         if facts:
             report.driver = report.driver or facts[0][1].get("driver_version")
             report.cuda = report.cuda or facts[0][1].get("cuda_version")
+        report.checks.append(pid_namespace(exporter.environment.host_pid_namespace))
         report.checks.extend(probe_gpm(nvml, second, log))
-        report.checks.extend(probe_fields(nvml, (g.index for g in second.gpus if g.up)))
+        driver = decode(nvml.query(N.nvmlSystemGetDriverVersion) or "")
+        report.checks.append(clock_event_numbering(driver))
+        report.checks.extend(probe_fields(nvml, (g.index for g in second.gpus if g.up), driver))
         listener.join(xid_seconds + 10)
         report.checks.extend(xid or [Check("XID events", "fail", "the event wait did not return")])
     finally:

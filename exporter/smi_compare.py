@@ -321,7 +321,9 @@ class Comparer:
         mine = {p.pid: p.used_bytes for p in ours}
         other = {p.pid: p.used_memory_bytes for p in theirs}
         if mine and not other and not any(psutil.pid_exists(pid) for pid in mine):
-            # nvidia-smi leaves out processes outside its PID namespace; NVML does not.
+            # Pids that exist nowhere here (the simulator's): NVML and nvidia-smi both get
+            # the driver's list translated into the caller's PID namespace, so on a real
+            # node they see the same processes.
             self.add(
                 "processes",
                 "warn",

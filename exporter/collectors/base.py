@@ -87,6 +87,9 @@ class Context:
     # Whether a metric is written at all (the exposure's verdict): a collector may skip
     # reading detail no one sees, as long as what the diagnosis reads stays.
     exposed: Callable[[MetricDef], bool] = lambda metric: True
+    # Whether the exporter shares the host's PID namespace (exporter/environment.py):
+    # outside it NVML lists only the processes visible there. None: /proc cannot tell.
+    host_pid_namespace: bool | None = True
 
 
 Factory = Callable[[Context], Collector]

@@ -7,13 +7,14 @@ which has no CPUs, so an engine pinned right would look misplaced on every GPU.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from exporter.collectors.base import Context, register
+from exporter.collectors.base import Context, Output, register
 from exporter.collectors.gpu import GpuCollector
-from exporter.gpu_readings import DeviceFacts
+from exporter.gpu_readings import DeviceFacts, NvmlSession
 from exporter.gpu_specs import spec_of
 from exporter.nvml import const as N
 from exporter.nvml import decode, function
@@ -31,6 +32,14 @@ class DeviceCollector(GpuCollector):
         self.sysfs = Path(sysfs or ctx.sysfs)
         self._driver: str | None = None
         self._cuda: str | None = None
+
+    def reset(self) -> None:
+        super().reset()
+        self._driver = self._cuda = None  # a reloaded driver may be another version
+
+    def collect(self) -> Output:
+        out = super().collect()
+        return dataclasses.replace(out, node=(NvmlSession(restarts=self.nvml.restarts),))
 
     def _system(self) -> tuple[str, str]:
         if self._driver is None:

@@ -4,7 +4,8 @@ Each GPU keeps two sample buffers and alternates them: every run takes one new s
 and compares it with the previous run's, so nothing ever sleeps between two samples.
 NVML compares only samples at least 100 ms apart: a run sooner than that after the last
 sample keeps the previous sample and repeats the last result. Buffers are freed when a
-GPU stops answering and when the collector stops.
+GPU stops answering, when the collector stops, and before the NVML session is rebuilt
+after a driver reload (new buffers are then allocated on the new session).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class GpmCollector(GpuCollector):
         super().__init__(ctx)
         self.clock = ctx.clock
         self._state: dict[int, _GpuState] = {}
+        self.nvml.before_restart(self.stop)  # free the buffers while their session exists
 
     def _gpu(self, index: int, h: Any) -> _GpuState | None:
         state = self._state.get(index)
@@ -94,21 +96,7 @@ class GpmCollector(GpuCollector):
         return state.last
 
     def _metrics(self, first: Any, second: Any, ids: list[int]) -> dict[int, float] | None:
-        req = N.c_nvmlGpmMetricsGet_t()
-        req.version = N.NVML_GPM_METRICS_GET_VERSION
-        req.numMetrics = len(ids)
-        req.sample1 = first
-        req.sample2 = second
-        for i, metric_id in enumerate(ids):
-            req.metrics[i].metricId = metric_id
-        self._calls += 1
-        try:  # takes no device handle: whatever it answers is about these samples, not the GPU
-            if self.nvml.query(N.nvmlGpmMetricsGet, req) is None:
-                return {}
-        except NvmlError as err:
-            self.failed(err)
-            return None
-        return {m.metricId: m.value for m in req.metrics[: len(ids)] if m.nvmlReturn == N.NVML_SUCCESS}
+        return metrics_between(self, first, second, ids)
 
     def _free(self, state: _GpuState) -> None:
         for sample in state.samples:
@@ -124,6 +112,26 @@ class GpmCollector(GpuCollector):
     def stop(self) -> None:
         for index in list(self._state):
             self.forget(index)
+
+
+def metrics_between(c: GpuCollector, first: Any, second: Any, ids: list[int]) -> dict[int, float] | None:
+    """The metrics `ids` between two samples of one GPU or GPU instance; a failure is
+    counted on the collector `c`, never taken for the GPU's."""
+    req = N.c_nvmlGpmMetricsGet_t()
+    req.version = N.NVML_GPM_METRICS_GET_VERSION
+    req.numMetrics = len(ids)
+    req.sample1 = first
+    req.sample2 = second
+    for i, metric_id in enumerate(ids):
+        req.metrics[i].metricId = metric_id
+    c._calls += 1
+    try:  # takes no device handle: whatever it answers is about these samples, not the GPU
+        if c.nvml.query(N.nvmlGpmMetricsGet, req) is None:
+            return {}
+    except NvmlError as err:
+        c.failed(err)
+        return None
+    return {m.metricId: m.value for m in req.metrics[: len(ids)] if m.nvmlReturn == N.NVML_SUCCESS}
 
 
 @register("gpm", "GPM profiling: SM/tensor/DRAM activity, pipes, PCIe and NVLink rates (Hopper+)", nvml=True)

@@ -7,6 +7,11 @@ changes only on an admin's or a link's doing (power limit, link width, BAR1 size
 HELD_S between reads, a quarter of the NVML calls of a cycle. Only a failure of the GPU
 itself (a DEVICE_GONE error, no handle, or every call of the read failing) marks the
 GPU down for this collector and drops its handle and per-GPU state.
+
+An error saying the driver went away (RELOADED: unloaded, reloaded, upgraded) is about
+every GPU and the whole session: every GPU is down, and each run asks `Nvml.recover` to
+rebuild the session (with a backoff) before it reads; once rebuilt, every collector
+starts afresh on the new session (`reset`), so the GPUs come back by themselves.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 
 from exporter.collectors.base import Collector, Context, Output
 from exporter.metricdef import has_value
-from exporter.nvml import DEVICE_GONE, UNANSWERED, Nvml, NvmlError
+from exporter.nvml import DEVICE_GONE, RELOADED, UNANSWERED, Nvml, NvmlError
 
 log = logging.getLogger(__name__)
 HELD_S = 10.0  # collector-clock seconds a `held` value is kept before it is read again
@@ -45,12 +50,20 @@ class GpuCollector(Collector):
         self._failed: Counter[str] = Counter()
         self._logged: set[tuple[str, str]] = set()
         self._held: dict[tuple[int, str], tuple[float, Any]] = {}  # (GPU, what) -> (read at, value)
+        self._generation = self.nvml.generation  # the NVML session this collector's state is of
 
     def read(self, index: int, handle: Any) -> object | None:
         raise NotImplementedError
 
     def forget(self, index: int) -> None:
         """Drop per-GPU state; nothing for collectors that keep none."""
+
+    def reset(self) -> None:
+        """Start afresh on a new NVML session: every GPU's state, and what a collector keeps
+        about the driver (subclasses extend this)."""
+        for index in range(self.nvml.count):
+            self.forget(index)
+        self._held.clear()
 
     # ---- calls that fail alone -----------------------------------------------------------
 
@@ -106,6 +119,12 @@ class GpuCollector(Collector):
         gpu_errors: dict[int, str] = {}
         unsupported: dict[int, tuple[str, ...]] = {}
         errors: Counter[str] = Counter()
+        if not self.nvml.recover(self._clock()):
+            lost = self.nvml.lost or "Uninitialized"
+            return Output(gpu_errors=dict.fromkeys(range(self.nvml.count), lost), errors={lost: 1})
+        if self._generation != self.nvml.generation:
+            self._generation = self.nvml.generation
+            self.reset()
         for index in range(self.nvml.count):
             self._calls, self._failed = 0, Counter()
             try:
@@ -113,6 +132,10 @@ class GpuCollector(Collector):
             except NvmlError as err:
                 down: str | None = err.name
                 errors[err.name] += 1
+                if err.name in RELOADED:  # the whole session is gone, not this GPU
+                    self.nvml.session_lost(err.name)
+                    gpu_errors.update(dict.fromkeys(range(index, self.nvml.count), err.name))
+                    break
             else:
                 down = self._unanswered()
             errors.update(self._failed)

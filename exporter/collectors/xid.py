@@ -1,4 +1,9 @@
-"""XID critical errors, caught on a thread of their own that waits on NVML events."""
+"""XID critical errors, caught on a thread of their own that waits on NVML events.
+
+The event set belongs to one NVML session: when the driver goes away the thread stops
+waiting until the session is rebuilt (`Nvml.recover`, on the GPU collectors' thread),
+then registers again on the new one; the counts carry on.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from typing import Any
 
 from exporter.collectors.base import Collector, Context, Output, register
 from exporter.gpu_readings import Xid
-from exporter.nvml import Nvml, NvmlError, decode
+from exporter.nvml import RELOADED, Nvml, NvmlError, decode
 from exporter.nvml import const as N
 
 log = logging.getLogger(__name__)
@@ -37,6 +42,7 @@ class XidCollector(Collector):
         self._register_lock = threading.Lock()
         self._registered = False
         self._by_uuid: dict[str, int] = {}
+        self._generation = self.nvml.generation  # the session the event set was made in
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="xid-events", daemon=True)
@@ -49,8 +55,11 @@ class XidCollector(Collector):
             self._thread.join(timeout=WAIT_MS / 1000 + 5.0)
 
     def _register(self) -> bool:
-        """Create the event set once; GPUs that take the registration start at zero."""
+        """Create the event set once per NVML session; GPUs that take the registration
+        start at zero the first time."""
         with self._register_lock:
+            if self._generation != self.nvml.generation:  # the old set died with its session
+                self._generation, self._registered, self._event_set = self.nvml.generation, False, None
             if not self._registered:
                 self._registered = True
                 self._register_all()
@@ -74,7 +83,7 @@ class XidCollector(Collector):
             with self._lock:
                 if uuid:
                     self._by_uuid[decode(uuid)] = index
-                self._counts[index] = Counter({x: 0 for x in KNOWN_XIDS})
+                self._counts.setdefault(index, Counter({x: 0 for x in KNOWN_XIDS}))
 
     def _run(self) -> None:
         try:
@@ -85,16 +94,27 @@ class XidCollector(Collector):
             self._count_error(err.name)
             return
         while not self._stop.is_set():
+            if self.nvml.lost is not None:  # parked while the session is rebuilt
+                self._stop.wait(1.0)
+                continue
+            try:
+                self._register()
+            except NvmlError as err:
+                self._count_error(err.name)
             if self._take(WAIT_MS) == "failed":
                 self._stop.wait(1.0)  # a broken event set: do not spin
 
     def _take(self, timeout_ms: int) -> str:
         """Wait for one event and count it: 'event', 'none' (timed out) or 'failed'."""
+        if self._event_set is None:
+            return "failed"
         try:
-            data = self.nvml.query(N.nvmlEventSetWait_v2, self._event_set, timeout_ms)
+            data = self.nvml.blocking(N.nvmlEventSetWait_v2, self._event_set, timeout_ms)
         except NvmlError as err:
             if err.name == "Timeout":
                 return "none"
+            if err.name in RELOADED:
+                self.nvml.session_lost(err.name)
             self._count_error(err.name)
             return "failed"
         if data is None:
@@ -133,6 +153,8 @@ class XidCollector(Collector):
 
     def refresh(self) -> None:
         """Stepped runs have no event thread: take every waiting event without blocking."""
+        if self.nvml.lost is not None:
+            return
         try:
             if not self._register():
                 return

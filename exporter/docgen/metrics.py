@@ -13,12 +13,14 @@ SUPPORT = {
     "sources": "where the profiling family is present",
     "nvlink": "GPUs with NVLink (SXM A100/H100/H200, B200)",
     "mig": "A100, A30, H100, H200, B200 (MIG-capable)",
+    "gpm_mig": "Hopper and later in MIG mode, driver R525 on, GPU instances with a compute instance",
     "ecc": "GPUs with ECC memory",
 }
 # Metrics whose support is narrower than their family's.
 METRIC_SUPPORT = {
     "llmgpu_gpu_memory_temperature_celsius": "HBM parts only (A100, H100, H200, B200)",
-    "llmgpu_gpu_clock_event_seconds_total": "all, from driver 535 on",
+    "llmgpu_gpu_clock_event_seconds_total": "SW power cap and SW thermal: all; HW thermal and HW power "
+    "brake: drivers whose numbering is known (R575 to 580.65, 580.82 on)",
     "llmgpu_gpu_remapped_rows": "ECC parts from A100 on (row remapping)",
     "llmgpu_gpu_row_remap_pending": "ECC parts from A100 on (row remapping)",
     "llmgpu_gpu_row_remap_failed": "ECC parts from A100 on (row remapping)",

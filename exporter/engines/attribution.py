@@ -3,8 +3,8 @@
 NVML lists the compute processes of every GPU (nvmlDeviceGetComputeRunningProcesses);
 the engines collector knows each engine's process tree (API server, engine cores,
 workers). A GPU belongs to an engine when one of its processes is in that tree. The
-pids must come from the same pid namespace as NVML's: in a pod, the exporter needs
-hostPID.
+driver lists each GPU's processes by their pids in the caller's PID namespace and leaves
+out those it cannot see there: in a pod, the exporter needs hostPID to see them all.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """How real drivers and parts differ, for the fake NVML library: one profile per driver
-branch and per part quirk. A scenario picks them (`gpus: {model, driver, mig_monitor}`);
+branch and per part quirk. A scenario picks them (`gpus: {model, driver, mig_monitor, host_pid}`);
 without them the fake answers every function and field the exporter reads.
 
 Each entry names what it encodes: a symbol's first driver branch, a struct layout, a
@@ -15,9 +15,6 @@ from dataclasses import dataclass, field, replace
 
 from exporter import nvml
 from exporter.nvml import (
-    FI_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN,
-    FI_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
-    FI_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
     FI_MEMORY_TEMP,
     FI_NVLINK_ERROR_DL_CRC,
     FI_NVLINK_ERROR_DL_RECOVERY,
@@ -25,20 +22,23 @@ from exporter.nvml import (
     FI_PCIE_COUNT_RX_BYTES,
     FI_PCIE_COUNT_TX_BYTES,
     FI_PERF_POLICY_POWER,
+    FI_PERF_POLICY_THERMAL,
 )
 
 # Fields first in nvidia-ml-py 12.575 / 13.580 (absent from 12.535-12.570): PCIe byte
-# counters and the per-reason clock-event durations other than SW power cap (id 74, the
-# old NVML_FI_DEV_PERF_POLICY_POWER, known to every branch here).
-NEW_IN_R575 = frozenset(
-    {
-        FI_PCIE_COUNT_TX_BYTES,
-        FI_PCIE_COUNT_RX_BYTES,
-        FI_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
-        FI_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
-        FI_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN,
-    }
-)
+# counters. The SW power cap and SW thermal durations (ids 74 and 75, the perf-policy
+# counters) are known to every branch here.
+NEW_IN_R575 = frozenset({FI_PCIE_COUNT_TX_BYTES, FI_PCIE_COUNT_RX_BYTES})
+# Ids 251-273 by header: nvml.h 12.8 (R570) ends at 268 with the 18 power-smoothing
+# settings from 251 (NVML_FI_PWR_SMOOTHING_*); 12.9 and 13.0 (R575, R580 up to 580.65; the
+# bindings 12.575.51, 13.580.65) put the SW thermal, HW thermal and HW power brake
+# durations at 251-253 and power smoothing at 256-273; 13.1 on (the bindings 13.580.82 on)
+# put power smoothing back at 251-268 and the durations at 269-271. Older headers end
+# before 251.
+FI_SINCE_R570 = frozenset(range(251, 269))
+FI_SINCE_R575 = frozenset(range(269, 274))
+CLOCK_EVENTS_R575 = (251, 252, 253)  # (SW thermal, HW thermal, HW power brake)
+CLOCK_EVENTS_R580_82 = (269, 270, 271)
 # Link-scoped NVLink error fields (NVML_FI_DEV_NVLINK_ERROR_DL_*) arrived with R520.
 NEW_IN_R520 = frozenset({FI_NVLINK_ERROR_DL_REPLAY, FI_NVLINK_ERROR_DL_RECOVERY, FI_NVLINK_ERROR_DL_CRC})
 
@@ -53,6 +53,10 @@ class Driver:
     # Bytes per record nvmlDeviceGetComputeRunningProcesses_v3 writes: 12.2's nvml.h (R535)
     # put usedGpuCcProtectedMemory into nvmlProcessInfo_t (32 bytes); R550 took it out (24).
     process_v3_record: int = 24
+    # Where the clock-event durations are (SW thermal, HW thermal, HW power brake), and the
+    # first of the 18 power-smoothing settings: None where the header has none.
+    clock_events: tuple[int, int, int] | None = None
+    power_smoothing_from: int | None = None
 
 
 DRIVERS: dict[str, Driver] = {
@@ -73,10 +77,11 @@ DRIVERS: dict[str, Driver] = {
                 "nvmlGpmSampleAlloc",
                 "nvmlGpmSampleFree",
                 "nvmlGpmSampleGet",
+                "nvmlGpmMigSampleGet",
                 "nvmlGpmMetricsGet",
             }
         ),
-        unknown_fields=NEW_IN_R575 | NEW_IN_R520,
+        unknown_fields=NEW_IN_R575 | NEW_IN_R520 | FI_SINCE_R570 | FI_SINCE_R575,
     ),
     # R515 (CUDA 11.7): _v3 processes and nvmlDeviceGetMemoryInfo_v2 (both R510) with
     # 24-byte records; still before GPM (R525), the link-scoped NVLink error fields (R520),
@@ -93,10 +98,11 @@ DRIVERS: dict[str, Driver] = {
                 "nvmlGpmSampleAlloc",
                 "nvmlGpmSampleFree",
                 "nvmlGpmSampleGet",
+                "nvmlGpmMigSampleGet",
                 "nvmlGpmMetricsGet",
             }
         ),
-        unknown_fields=NEW_IN_R575 | NEW_IN_R520,
+        unknown_fields=NEW_IN_R575 | NEW_IN_R520 | FI_SINCE_R570 | FI_SINCE_R575,
     ),
     # R535 (CUDA 12.2): 32-byte _v3 process records; no nvmlDeviceGetNumaNodeId (absent
     # from binding 12.535, whose pynvml.py has no such function).
@@ -105,12 +111,20 @@ DRIVERS: dict[str, Driver] = {
         "535.216.03",
         12020,
         missing=frozenset({"nvmlDeviceGetNumaNodeId"}),
-        unknown_fields=NEW_IN_R575,
+        unknown_fields=NEW_IN_R575 | FI_SINCE_R570 | FI_SINCE_R575,
         process_v3_record=32,
     ),
-    "R550": Driver("R550", "550.127.08", 12040, unknown_fields=NEW_IN_R575),
-    "R570": Driver("R570", "570.133.20", 12080, unknown_fields=NEW_IN_R575),
-    "R580": Driver("R580", "580.65.06", 13000),
+    "R550": Driver("R550", "550.127.08", 12040, unknown_fields=NEW_IN_R575 | FI_SINCE_R570 | FI_SINCE_R575),
+    "R570": Driver(
+        "R570", "570.133.20", 12080, unknown_fields=NEW_IN_R575 | FI_SINCE_R575, power_smoothing_from=251
+    ),
+    # R575 and R580 up to 580.65: the durations at 251-253, power smoothing at 256-273.
+    "R575": Driver("R575", "575.64.05", 12090, clock_events=CLOCK_EVENTS_R575, power_smoothing_from=256),
+    "R580": Driver("R580", "580.65.06", 13000, clock_events=CLOCK_EVENTS_R575, power_smoothing_from=256),
+    # 580.82 on (and every later branch): the durations at 269-271, power smoothing at 251.
+    "R580.82": Driver(
+        "R580.82", "580.82.07", 13000, clock_events=CLOCK_EVENTS_R580_82, power_smoothing_from=251
+    ),
 }
 DEFAULT_DRIVER = "R580"
 
@@ -150,9 +164,9 @@ PARTS: dict[str, Part] = {
             {
                 FI_MEMORY_TEMP,
                 FI_PERF_POLICY_POWER,
-                FI_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
-                FI_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
-                FI_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN,
+                FI_PERF_POLICY_THERMAL,
+                *CLOCK_EVENTS_R575,
+                *CLOCK_EVENTS_R580_82,
             }
         ),
     ),
@@ -167,10 +181,18 @@ class DriverProfile:
     # False: a container given MIG devices without NVIDIA_MIG_MONITOR_DEVICES; the MIG
     # parent then answers NVML_ERROR_NO_PERMISSION to memory and process queries.
     mig_monitor: bool = True
+    # False: an exporter without the host's PID namespace (a pod without hostPID). The
+    # driver translates each GPU process' pid into the caller's namespace and leaves out
+    # those it cannot see there; the fake's processes belong to other pods: none is listed.
+    host_pid: bool = True
 
 
-def profile(model: str, driver: str | None = None, mig_monitor: bool = True) -> DriverProfile:
-    return DriverProfile(DRIVERS[driver or DEFAULT_DRIVER], PARTS.get(model, NO_QUIRKS), mig_monitor)
+def profile(
+    model: str, driver: str | None = None, mig_monitor: bool = True, host_pid: bool = True
+) -> DriverProfile:
+    return DriverProfile(
+        DRIVERS[driver or DEFAULT_DRIVER], PARTS.get(model, NO_QUIRKS), mig_monitor, host_pid
+    )
 
 
 def resolve_driver(spec: str | None = None, cuda: str | None = None) -> Driver:
@@ -180,14 +202,14 @@ def resolve_driver(spec: str | None = None, cuda: str | None = None) -> Driver:
     if spec is None or spec in DRIVERS:
         found = DRIVERS[spec or DEFAULT_DRIVER]
     else:
-        m = re.fullmatch(r"(\d+)\.\d+(?:\.\d+)?", spec)
+        m = re.fullmatch(r"(\d+)\.(\d+)(?:\.\d+)?", spec)
         if m is None:
             raise ValueError(f"one of {', '.join(DRIVERS)} or a driver version like 535.54.03, not {spec!r}")
-        older = [d for d in DRIVERS.values() if _major(d) <= int(m.group(1))]
+        older = [d for d in DRIVERS.values() if _release(d) <= (int(m.group(1)), int(m.group(2)))]
         if not older:
-            first = min(_major(d) for d in DRIVERS.values())
+            first = min(_release(d)[0] for d in DRIVERS.values())
             raise ValueError(f"a driver version from {first} on, not {spec!r}")
-        found = replace(max(older, key=_major), version=spec)
+        found = replace(max(older, key=_release), version=spec)
     if cuda is not None:
         c = re.fullmatch(r"(\d+)\.(\d)", cuda)
         if c is None:
@@ -214,5 +236,7 @@ def inline_part(not_supported: Iterable[str] = (), fields_not_supported: Iterabl
     return Part(not_supported=functions, fields_not_supported=frozenset(ids))
 
 
-def _major(d: Driver) -> int:
-    return int(d.branch.removeprefix("R"))
+def _release(d: Driver) -> tuple[int, int]:
+    """The first driver release a profile stands for: R535 -> (535, 0), R580.82 -> (580, 82)."""
+    major, _, minor = d.branch.removeprefix("R").partition(".")
+    return int(major), int(minor or 0)

@@ -57,6 +57,7 @@ def environment(settings: Settings, scenario_clock: Callable[[], float] | None =
         pace=1.0 / timeline.speed if scenario_clock is None else 1.0,
         enrichers=(simulation_status(timeline, epoch),),
         simulated=True,
+        host_pid_namespace=scenario.profile.host_pid,
         closers=[fakenvml.uninstall],
     )
     try:

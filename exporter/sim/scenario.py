@@ -84,7 +84,7 @@ GPU_KEYS: dict[str, float] = {
     "remap_failed": 0.0,
 }
 
-FAULT_KINDS = ("error", "hang", "lost", "xid", "engine_down")
+FAULT_KINDS = ("error", "hang", "lost", "xid", "engine_down", "reload")
 
 NVLINK_KEYS = ("nvlink_tx_bps", "nvlink_rx_bps", "nvlink_error_rate")
 ECC_KEYS = ("ecc_corrected_rate", "ecc_uncorrected_rate")
@@ -350,9 +350,10 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
     else:
         raise fail("gpus.model", f"one of {', '.join(MODELS)}, or a mapping of GpuModel fields")
     driver = recorded_driver(gpus, fail)
-    mig_monitor = gpus.get("mig_monitor", True)
-    if not isinstance(mig_monitor, bool):
-        raise fail("gpus.mig_monitor", "true or false")
+    mig_monitor, host_pid = (gpus.get(k, True) for k in ("mig_monitor", "host_pid"))
+    for key, flag in (("mig_monitor", mig_monitor), ("host_pid", host_pid)):
+        if not isinstance(flag, bool):
+            raise fail(f"gpus.{key}", "true or false")
     phases = tuple(_phase(p, i, fail, count) for i, p in enumerate(_list(data, "phases", fail)))
     if not phases:
         raise fail("phases", "a non-empty list")
@@ -363,7 +364,7 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
             if n not in names:
                 raise fail(f"phases.{p.name}.engines.{n}", f"the name of a declared engine ({names})")
     _check_on_page(phases, engines, where)
-    prof = DriverProfile(driver, part, mig_monitor)
+    prof = DriverProfile(driver, part, mig_monitor, host_pid)
     label = model_name if isinstance(model_name, str) else gpu_model.name
     _check_provided(phases, gpu_model, label, prof, PROFILING_SOURCE_KEY in data, where)
     faults = tuple(_fault(f, i, fail, count) for i, f in enumerate(_list(data, "faults", fail)))
@@ -570,7 +571,7 @@ def _fault(raw: Any, i: int, fail: Callable[[str, str], ScenarioError], count: i
         until=until,
         gpu=gpu,
         function=raw.get("function"),
-        error=str(raw.get("error", "Unknown")),
+        error=str(raw.get("error", "DriverNotLoaded" if kind == "reload" else "Unknown")),
         seconds=hang,
         xid=int(xid),
         engine=raw.get("engine"),

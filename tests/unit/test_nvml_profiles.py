@@ -51,8 +51,9 @@ def test_clock_reasons_fall_back_to_the_throttle_name_on_old_drivers(sim) -> Non
     clocks = s.at(5).gpu(0).get(Clocks)
     assert clocks is not None and clocks.event_active is not None
     assert clocks.event_active["hw_thermal"] == 1 and clocks.event_active["sw_power_cap"] == 0
-    # R470 knows only the SW power cap duration field: the newer ones are absent, not zero
-    assert clocks.event_seconds is not None and set(clocks.event_seconds) == {"sw_power_cap"}
+    # R470 knows only the perf-policy counters (SW power cap, SW thermal): the HW slowdown
+    # durations are absent, not zero
+    assert clocks.event_seconds is not None and set(clocks.event_seconds) == {"sw_power_cap", "sw_thermal"}
 
 
 def test_fields_newer_than_the_driver_are_absent(sim) -> None:  # type: ignore[no-untyped-def]
@@ -258,3 +259,85 @@ def test_power_brake_slowdown_is_not_thermal_throttling(sim) -> None:  # type: i
         phases: [{name: p, duration: 100, gpu: {util: 0.9, throttle_hw_slowdown: 1}}]
     """)
     assert "hw_slowdown" in frame_of(s2.at(5)).gpus[0].throttle_reasons
+
+
+def test_processes_outside_the_host_pid_namespace_are_absent_not_zero(sim) -> None:  # type: ignore[no-untyped-def]
+    # Without hostPID the driver lists none of the busy GPU's processes: a count of 0
+    # would be a wrong zero. The family is absent and the self-metric says why.
+    s = sim(scenario(extra="").replace("model: H100-80GB-SXM}", "model: H100-80GB-SXM, host_pid: false}"))
+    snap = s.at(5)
+    assert snap.gpu(0).up and snap.gpu(0).get(Processes) is None
+    assert snap.gpu(0).supported["processes"] is False
+    text = s.text()
+    assert "llmgpu_gpu_processes{" not in text and "llmgpu_gpu_process_memory_used_bytes{" not in text
+    assert "llmgpu_exporter_host_pid_namespace 0.0" in text
+    host = sim(scenario())
+    assert host.at(5).gpu(0).get(Processes).count == 3
+    assert "llmgpu_exporter_host_pid_namespace 1.0" in host.text()
+
+
+@pytest.mark.parametrize(
+    ("driver", "ids"), [("R575", (252, 253)), ("R580", (252, 253)), ("R580.82", (270, 271))]
+)
+def test_hw_slowdown_durations_come_from_the_drivers_own_numbering(sim, driver: str, ids) -> None:  # type: ignore[no-untyped-def]
+    # 580.65 numbers them 251-253 and answers power-smoothing settings at 269-271 (the
+    # active profile, a floor in %, a ramp rate in mW/s); 580.82 on has them at 269-271.
+    s = sim(f"""
+        gpus: {{count: 1, model: H100-80GB-SXM, driver: {driver}}}
+        phases: [{{name: hot, duration: 100, gpu: {{util: 0.9, throttle_hw_thermal: 1}}}}]
+    """)
+    s.at(5)
+    clocks = s.at(25).gpu(0).get(Clocks)
+    assert clocks.event_seconds["hw_thermal"] == pytest.approx(25, abs=0.1)
+    # no power brake happened: 0, not the 2,000,000 mW/s ramp rate read as 2 ms
+    assert clocks.event_seconds["hw_power_brake"] == 0.0
+    assert fakenvml.installed().profile.driver.clock_events[1:] == ids
+
+
+def test_a_driver_of_unknown_numbering_gets_no_hw_slowdown_durations(sim) -> None:  # type: ignore[no-untyped-def]
+    # 580.76 lies between the last release with the old ids and the first with the new
+    s = sim("""
+        gpus: {count: 1, model: H100-80GB-SXM, driver: 580.76.05}
+        phases: [{name: p, duration: 100, gpu: {util: 0.9, throttle_hw_thermal: 1, throttle_sw_thermal: 1}}]
+    """)
+    seconds = s.at(5).gpu(0).get(Clocks).event_seconds
+    assert set(seconds) == {"sw_power_cap", "sw_thermal"} and seconds["sw_thermal"] == pytest.approx(
+        5, abs=0.1
+    )
+
+
+def test_a_field_that_does_not_behave_like_a_duration_is_dropped(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim("""
+        gpus: {count: 1, model: H100-80GB-SXM}
+        phases: [{name: p, duration: 100, gpu: {util: 0.9}}]
+    """)
+    clocks = next(sl.collector for sl in s.runner._slots if sl.collector.name == "clocks")
+    reasons = {252: "hw_thermal", 253: "hw_power_brake"}
+    s.clock.t = 10
+    assert clocks._durations(0, reasons, {(252, 0): 1e9, (253, 0): 35.0}) == {
+        "hw_thermal": 1.0,
+        "hw_power_brake": 3.5e-8,
+    }
+    s.clock.t = 11
+    # grew 5 s in 1 s of wall time: a setting, not a duration; the other still counts
+    assert clocks._durations(0, reasons, {(252, 0): 6e9, (253, 0): 35.0}) == {"hw_power_brake": 3.5e-8}
+    s.clock.t = 20
+    assert clocks._durations(0, reasons, {(252, 0): 7e9, (253, 0): 20.0}) is None  # a fall too
+    assert clocks._failed["NotADuration"] == 2
+
+
+def test_the_hw_slowdown_ids_follow_the_driver_version() -> None:
+    from exporter.nvml import hw_slowdown_fields
+
+    assert hw_slowdown_fields("570.133.20") == {}
+    assert (
+        hw_slowdown_fields("575.64.05")
+        == hw_slowdown_fields("580.65.06")
+        == {"hw_thermal": 252, "hw_power_brake": 253}
+    )
+    assert (
+        hw_slowdown_fields("580.82.07")
+        == hw_slowdown_fields("595.80")
+        == {"hw_thermal": 270, "hw_power_brake": 271}
+    )
+    assert hw_slowdown_fields("580.76.05") is None and hw_slowdown_fields("") is None

@@ -338,7 +338,8 @@ def test_the_driver_version_picks_its_branch(tmp_path: Path) -> None:
     for version, branch, cuda in (
         ("515.105.01", "R515", 11070),
         ("535.54.03", "R535", 12020),
-        ("590.48.01", "R580", 13000),
+        ("580.76.05", "R580", 13000),
+        ("590.48.01", "R580.82", 13000),
     ):
         data = scenario_of(read_log("a10g-515.105.01.xml"))
         data["gpus"]["driver"] = version

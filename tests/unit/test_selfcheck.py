@@ -180,7 +180,16 @@ def test_passes_when_nvidia_smi_agrees(
         line = next(line for line in out.splitlines() if line.startswith(f"PASS  {name} "))
         assert "8 GPU(s): " in line, line
     assert "PASS  XID events" in out and "registered on 8 of 8 GPUs" in out
+    assert "PASS  PID namespace" in out and "NVML lists every GPU process" in out
     assert out.rstrip().splitlines()[-1].startswith("PASS: ")
+
+
+def test_a_pid_namespace_not_the_hosts_is_a_warning_naming_hostpid() -> None:
+    from exporter.selfcheck import pid_namespace
+
+    check = pid_namespace(False)
+    assert check.status == "warn" and "hostPID: true" in check.detail
+    assert pid_namespace(None).status == "warn" and pid_namespace(True).status == "pass"
 
 
 def _gpu(root: ET.Element, index: int) -> ET.Element:
@@ -251,7 +260,7 @@ def test_processes_hidden_from_nvidia_smi_are_a_warning(
     code, out = selfcheck(capsys, stand_in(tmp_path, smi_xml(snapshot), []))
     assert code == 0, out
     assert all(f"WARN  GPU {i} processes" in out for i in range(8))
-    assert "PASS: 165 checks, 8 warning(s)" in out
+    assert "PASS: 167 checks, 8 warning(s)" in out
     assert "none of them is visible from here" in out
 
 
@@ -344,3 +353,26 @@ def test_compare_on_a_recorded_a10g() -> None:
     old = smi.SmiLog("515.105.01", None, (dataclasses.replace(t, memory_reserved_bytes=None),))
     old = dataclasses.replace(old, gpus=(dataclasses.replace(old.gpus[0], memory_used_bytes=457 * MIB),))
     assert ("memory used", "pass") in {(c.name, c.status) for c in compare(one, one, old, None)}
+
+
+def test_the_clock_event_ids_line_names_the_drivers_numbering() -> None:
+    from exporter.selfcheck import clock_event_numbering
+
+    assert "HW thermal at 252" in clock_event_numbering("580.65.06").detail
+    assert "HW thermal at 270" in clock_event_numbering("590.48.01").detail
+    assert clock_event_numbering("580.76.05").status == "warn"
+    assert "no HW slowdown" in clock_event_numbering("535.216.03").detail
+
+
+def test_gpm_under_mig_records_what_the_parent_and_each_instance_answer() -> None:
+    from exporter.gpu_readings import MigActivity, MigProfiling, Profiling
+    from exporter.selfcheck import gpm_under_mig
+
+    check = gpm_under_mig(
+        1,
+        Profiling(sm_active_ratio=0.5),
+        MigProfiling(instances=(MigActivity(gpu_instance=1, sm_active_ratio=0.25),)),
+    )
+    assert check.status == "pass" and "parent's samples gave SM active 0.50" in check.detail
+    assert "GI 1 SM 0.25" in check.detail
+    assert gpm_under_mig(1, None, None).status == "warn"

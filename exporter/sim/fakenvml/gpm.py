@@ -1,6 +1,8 @@
 # mypy: disable-error-code="no-any-return"
 """The fake NVML library's GPM area (Hopper and later): sample buffers, and the metrics
-between two samples of one GPU."""
+between two samples of one GPU or of one of its MIG GPU instances. No source says how a
+GPU instance's activity relates to the GPU's: the fake answers each instance, and the
+MIG-enabled parent, with the GPU's own activity keys."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 import pynvml as N
 
+from exporter.sim.fakenvml import mig
 from exporter.sim.fakenvml.abi import (
     MIB,
     NOT_SUPPORTED,
@@ -19,6 +22,7 @@ from exporter.sim.fakenvml.abi import (
     out,
     set_pointer,
     symbol,
+    val,
 )
 
 GPM_MIN_GAP_S = 0.1  # NVML compares only GPM samples at least 100 ms apart
@@ -92,6 +96,21 @@ def sample_get(lib: Library, h: Any, sample: Any) -> int:
         if address(sample) not in samples.live:
             return N.NVML_ERROR_INVALID_ARGUMENT  # never allocated, or freed
         samples.taken[address(sample)] = (lib.gpu_of(h), lib.t.now())
+    return OK
+
+
+@symbol("nvmlGpmMigSampleGet")
+def mig_sample_get(lib: Library, h: Any, gpu_instance: Any, sample: Any) -> int:
+    g = lib.gpu_of(h)
+    if not lib.model.gpm:
+        return NOT_SUPPORTED
+    if not 1 <= val(gpu_instance) <= len(mig.instances(lib.scn, g)):
+        return N.NVML_ERROR_NOT_FOUND  # no such GPU instance (ids are slot + 1, as mig.py gives them)
+    samples = lib.state(Samples)
+    with samples.lock:
+        if address(sample) not in samples.live:
+            return N.NVML_ERROR_INVALID_ARGUMENT
+        samples.taken[address(sample)] = (g, lib.t.now())
     return OK
 
 

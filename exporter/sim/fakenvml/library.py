@@ -71,6 +71,7 @@ class FakeLibrary:
         self.sysfs = device.write_sysfs(self.scn)
         self.uuids = device.gpu_uuids(self.scn)
         self.calls = 0
+        self.inited_at = -1.0  # scenario time of the last successful nvmlInit
         self._lock = threading.Lock()
         self._states: dict[type, object] = {}
         self._cpu: dict[int, float] = {}  # thread -> CPU seconds spent answering calls
@@ -123,7 +124,9 @@ class FakeLibrary:
             return lambda *args: fn(*args)  # a plain function: pynvml sets its restype
         takes_handle = sym.first == "handle"
         by_index = sym.first == "index"
-        faulty = any(f.kind in ("hang", "lost", "error") for f in self.scn.faults)
+        faulty = any(f.kind in ("hang", "lost", "error", "reload") for f in self.scn.faults)
+        reloads = [f for f in self.scn.faults if f.kind == "reload"]
+        init, shutdown = name == "nvmlInitWithFlags", name == "nvmlShutdown"
         refused = any(matches(f, name) for f in self.profile.part.not_supported)
         no_monitor = sym.mig_monitor and not self.profile.mig_monitor
         count = self.scn.gpu_count
@@ -144,6 +147,13 @@ class FakeLibrary:
                 return N.NVML_ERROR_INVALID_ARGUMENT  # not a handle this library handed out
             if faulty:
                 now = self.t.now()
+                for f in reloads:
+                    # While the driver is away every call fails; once it is back, a session
+                    # begun before is dead (Uninitialized) until nvmlInit is called again.
+                    if f.active(now) and not shutdown:
+                        return ERROR_CODES.get(f.error, ERROR_CODES["DriverNotLoaded"])
+                    if f.until <= now and self.inited_at < f.until and not (init or shutdown):
+                        return ERROR_CODES["Uninitialized"]
                 for f in self.t.faults("hang", now):
                     if matches(f.function, name) and (f.gpu is None or f.gpu == gpu):
                         time.sleep(f.seconds)
@@ -161,7 +171,11 @@ class FakeLibrary:
             parent = addr is not None and addr < MIG_HANDLE_BASE
             if no_monitor and parent and gpu is not None and mig.mig_on(self.scn, gpu):
                 return N.NVML_ERROR_NO_PERMISSION
-            return fn(*args)
+            status = fn(*args)
+            if init and status == OK:  # a new session: no GPU is registered for events yet
+                self.inited_at = self.t.now()
+                self.state(events.Registered).gpus.clear()
+            return status
 
         return call
 

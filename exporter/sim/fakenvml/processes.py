@@ -15,8 +15,11 @@ from exporter.sim.fakenvml.abi import OK, Library, out, symbol
 
 def running(lib: Library, g: int) -> list[tuple[int, int]]:
     """(pid, bytes): the scenario's listed processes, then a worker of each engine on
-    this GPU sharing the memory in use."""
+    this GPU sharing the memory in use; none for a caller outside the host's PID
+    namespace, which sees none of them (drivers.DriverProfile.host_pid)."""
     scn = lib.scn
+    if not lib.profile.host_pid:
+        return []
     listed = list(scn.processes.get(g, ()))
     procs = [pids[g] for e in scn.engines if g in (pids := scn.engine_pids(e.name))]
     if not procs:
