@@ -292,7 +292,9 @@ def _integral(track: Track, t: float) -> float:
             break
         if t1 <= t0:  # a step: no width, no area
             continue
-        total += (values[i - 1] + _at(track, t1)) / 2 * (t1 - t0)
+        # the segment's own end value: at a step, _at would give the value after it
+        end = values[i - 1] + (values[i] - values[i - 1]) * (t1 - t0) / (times[i] - t0)
+        total += (values[i - 1] + end) / 2 * (t1 - t0)
     if t > times[-1]:
         total += values[-1] * (t - times[-1])
     return total
