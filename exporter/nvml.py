@@ -27,18 +27,21 @@ log = logging.getLogger(__name__)
 
 _ABSENT = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 # Errors that are about the GPU, not about one function: the GPU is down and its handle
-# must be fetched again. InvalidArgument is what NVML answers for a stale handle. Any
-# other error (NoPermission, Unknown, Timeout, ...) only takes away that call's values.
+# must be fetched again. Any other error (NoPermission, Unknown, Timeout, ...) only takes
+# away that call's values.
 DEVICE_GONE = frozenset(
     {
         "GpuIsLost",
         "Uninitialized",
-        "InvalidArgument",
         "ResetRequired",
         "DriverNotLoaded",
         "LibRmVersionMismatch",
     }
 )
+# nvml.h answers InvalidArgument both for a stale device handle and for an argument the
+# part lacks (a link or an NVLink error counter it does not have): it means the GPU is
+# gone only when the handle no longer resolves (`Nvml.resolves`).
+INVALID_ARGUMENT = "InvalidArgument"
 # Errors of a call the GPU did not answer: a read in which every call ends so means the
 # GPU is not answering (gpu.py); NoPermission and the like are answers.
 UNANSWERED = frozenset({"Unknown", "Timeout"})
@@ -206,6 +209,16 @@ class Nvml:
         """
         with self._lock:
             return self._index_by_address.get(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+
+    def resolves(self, index: int, handle: Any) -> bool:
+        """Whether NVML still hands out `handle` for this index: False for a stale handle
+        (the GPU was reset or fell off the bus), or when no handle can be had at all."""
+        try:
+            again = self.query(pynvml.nvmlDeviceGetHandleByIndex, index)
+        except NvmlError:
+            return False
+        address = ctypes.cast(handle, ctypes.c_void_p).value
+        return again is not None and ctypes.cast(again, ctypes.c_void_p).value == address
 
     def forget(self, index: int) -> None:
         with self._lock:

@@ -36,6 +36,7 @@ from exporter.nvml import (
     FI_PCIE_COUNT_TX_BYTES,
     FI_PCIE_REPLAY_COUNTER,
     FI_PERF_POLICY_POWER,
+    INVALID_ARGUMENT,
     Nvml,
     NvmlError,
     NvmlUnavailable,
@@ -165,6 +166,22 @@ def probe_fields(nvml: Nvml, gpus: Iterable[int]) -> list[Check]:
     return checks
 
 
+def failed_calls(snap: Snapshot) -> Check:
+    """The NVML calls that failed on their own: InvalidArgument is the driver saying a
+    part lacks a link or counter (which the fake only supposes); anything else is a warning."""
+    failed = [
+        (c.collector, call.function, error, n)
+        for c in snap.collectors
+        for call in c.calls
+        for error, n in (call.errors or {}).items()
+    ]
+    if not failed:
+        return Check("NVML calls", "pass", "no call failed on its own")
+    listed = "; ".join(f"{col}: {fn} {error} x{n}" for col, fn, error, n in failed)
+    bad = any(error != INVALID_ARGUMENT for _, _, error, _ in failed)
+    return Check("NVML calls", "warn" if bad else "pass", f"failed on their own, values absent: {listed}")
+
+
 def probe_xid(nvml: Nvml, seconds: float) -> list[Check]:
     """Register for XID events on every GPU and listen a while, as the XID collector does."""
     try:
@@ -278,6 +295,7 @@ def run(
             report.cuda = report.cuda or facts[0][1].get("cuda_version")
         report.checks.extend(probe_gpm(nvml, second, log))
         report.checks.extend(probe_fields(nvml, (g.index for g in second.gpus if g.up)))
+        report.checks.append(failed_calls(second))
         listener.join(xid_seconds + 10)
         report.checks.extend(xid or [Check("XID events", "fail", "the event wait did not return")])
     finally:

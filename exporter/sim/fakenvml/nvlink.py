@@ -4,6 +4,9 @@ link-scoped field ids (throughput, state, errors) with the all-link sums.
 
 A part's links are `GpuModel.nvlinks`; a PCIe-only part refuses every NVLink query.
 Traffic and errors are the whole GPU's timeline rates spread evenly over its links.
+The data CRC counter has field ids for links 0-11 only (NVML_FI_DEV_NVLINK_CRC_DATA_
+ERROR_COUNT_L0..L11): past them nvmlDeviceGetNvLinkErrorCounter answers InvalidArgument
+("device, link, or counter is invalid", nvml.h), the worst a driver may answer there.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ def error_counter(lib: Library, h: Any, link: Any, counter: Any, ref: Any) -> in
     g = lib.gpu_of(h)
     if (refused := _no_such_link(lib, link)) is not None:
         return refused
+    if val(counter) == N.NVML_NVLINK_ERROR_DL_CRC_DATA and val(link) >= len(FI_NVLINK_CRC_DATA_ERROR_COUNT):
+        return N.NVML_ERROR_INVALID_ARGUMENT  # no data CRC counter past link 11
     crc = val(counter) == N.NVML_NVLINK_ERROR_DL_CRC_FLIT
     out(ref).value = flit_crc_errors(lib, g) if crc else 0
     return OK
