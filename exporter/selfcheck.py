@@ -27,7 +27,7 @@ from typing import TextIO
 
 from exporter import __version__, smi
 from exporter.config import Settings, replace
-from exporter.gpu_readings import DeviceFacts, Profiling
+from exporter.gpu_readings import DeviceFacts, NvLink, Profiling
 from exporter.metricdef import has_value
 from exporter.nvml import (
     FI_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
@@ -166,6 +166,23 @@ def probe_fields(nvml: Nvml, gpus: Iterable[int]) -> list[Check]:
     return checks
 
 
+def nvlink_states(snap: Snapshot) -> Check:
+    """The states the links are in (field 165: ACTIVE, SLEEP, INACTIVE), GPU by GPU."""
+    seen = []
+    down = False
+    for g in snap.gpus:
+        links = g.get(NvLink)
+        if links is None or not links.link_count:
+            continue
+        asleep = links.links_sleeping or 0
+        inactive = links.link_count - (links.links_up or 0) - asleep
+        down = down or inactive > 0
+        seen.append(f"GPU {g.index}: {links.links_up} active, {asleep} asleep, {inactive} inactive")
+    if not seen:
+        return Check("NVLink states", "skip", "no GPU reports NVLink link states")
+    return Check("NVLink states", "warn" if down else "pass", "; ".join(seen))
+
+
 def failed_calls(snap: Snapshot) -> Check:
     """The NVML calls that failed on their own: InvalidArgument is the driver saying a
     part lacks a link or counter (which the fake only supposes); anything else is a warning."""
@@ -295,6 +312,7 @@ def run(
             report.cuda = report.cuda or facts[0][1].get("cuda_version")
         report.checks.extend(probe_gpm(nvml, second, log))
         report.checks.extend(probe_fields(nvml, (g.index for g in second.gpus if g.up)))
+        report.checks.append(nvlink_states(second))
         report.checks.append(failed_calls(second))
         listener.join(xid_seconds + 10)
         report.checks.extend(xid or [Check("XID events", "fail", "the event wait did not return")])

@@ -69,6 +69,8 @@ GPU_KEYS: dict[str, float] = {
     "nvlink_tx_bps": 0.0,  # whole GPU, spread evenly over its links
     "nvlink_rx_bps": 0.0,
     "nvlink_error_rate": 0.0,
+    "nvlink_links_sleeping": 0.0,  # links in SLEEP (NVML_NVLINK_STATE_SLEEP): the highest-numbered
+    "nvlink_links_inactive": 0.0,  # links down (INACTIVE): the ones below the sleeping ones
     "ecc_corrected_rate": 0.0,
     "ecc_uncorrected_rate": 0.0,
     # Levels, not rates: what the GPU had counted before the scenario began, the current
@@ -118,7 +120,7 @@ ENGINE_KEYS: dict[str, float] = {
 
 FAULT_KINDS = ("error", "hang", "lost", "xid", "engine_down")
 
-NVLINK_KEYS = ("nvlink_tx_bps", "nvlink_rx_bps", "nvlink_error_rate")
+NVLINK_KEYS = tuple(k for k in GPU_KEYS if k.startswith("nvlink_"))
 ECC_KEYS = ("ecc_corrected_rate", "ecc_uncorrected_rate")
 PROFILING_SOURCE_KEY = "dcgm_exporter"  # a top-level key: DCGM's profiling fields stand in for GPM
 
