@@ -51,6 +51,7 @@ GPU_KEYS: dict[str, float] = {
     "fp16_active": 0.0,
     "fp32_active": 0.0,
     "fp64_active": 0.0,
+    "gpm_nan": 0.0,  # 1: GPM answers NaN for SM activity and occupancy (DCGM takes NaN as blank)
     "memory_used_ratio": 0.01,  # of total framebuffer
     "power_ratio": 0.12,  # of the enforced limit
     "power_limit_watts": 0.0,  # the enforced limit; starts at the model's (Timeline)
