@@ -278,13 +278,20 @@ class Nvml:
 
     def field_values(self, handle: Any, ids: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
         """Several field values in one call; fields the GPU refuses are left out."""
+        return {key: _field_value(v) for key, v in self._fields(handle, ids).items()}
+
+    def field_types(self, handle: Any, ids: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
+        """The NVML_VALUE_TYPE_* each field is answered in: the width a counter wraps at."""
+        return {key: int(v.valueType) for key, v in self._fields(handle, ids).items()}
+
+    def _fields(self, handle: Any, ids: list[tuple[int, int]]) -> dict[tuple[int, int], _FieldValue]:
         values = (_FieldValue * len(ids))()
         for v, (fid, scope) in zip(values, ids, strict=True):
             v.fieldId, v.scopeId = fid, scope
         if not self.supported(nvmlDeviceGetFieldValues, handle, values):
             return {}
         ok = pynvml.NVML_SUCCESS
-        return {key: _field_value(v) for key, v in zip(ids, values, strict=True) if v.nvmlReturn == ok}
+        return {key: v for key, v in zip(ids, values, strict=True) if v.nvmlReturn == ok}
 
     def compute_processes(self, handle: Any) -> list[tuple[int, int | None]] | None:
         """(pid, used bytes) of each compute process; None when the GPU cannot tell.

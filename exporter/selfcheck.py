@@ -166,6 +166,31 @@ def probe_fields(nvml: Nvml, gpus: Iterable[int]) -> list[Check]:
     return checks
 
 
+# nvml.h nvmlValueType_t, by number (the oldest binding lacks the later names)
+VALUE_TYPE_BITS = {1: 32, 2: 64, 3: 64, 4: 64, 5: 32, 6: 16}  # uint, ulong, ull, sll, int, ushort
+PCIE_BYTES = [(FI_PCIE_COUNT_TX_BYTES, 0), (FI_PCIE_COUNT_RX_BYTES, 0)]
+
+
+def pcie_counter_width(nvml: Nvml, gpus: Iterable[int]) -> Check:
+    """The width the PCIe byte counters are answered in: nvml.h says they "can be wrapped"
+    and gives none. 64 bits never wrap in practice; 32 bits wrap every 4 GiB."""
+    widths: dict[int, set[int]] = {}
+    for index in gpus:
+        try:
+            types = nvml.field_types(nvml.handle(index), PCIE_BYTES)
+        except NvmlError:
+            continue
+        for value_type in types.values():
+            widths.setdefault(VALUE_TYPE_BITS.get(value_type, 0), set()).add(index)
+    if not widths:
+        return Check("PCIe counter width", "skip", "no GPU answers the PCIe byte counters")
+    said = "; ".join(
+        f"{bits or 'unknown'}-bit on GPU {sorted(gpus)}" for bits, gpus in sorted(widths.items())
+    )
+    narrow = any(bits < 64 for bits in widths)
+    return Check("PCIe counter width", "warn" if narrow else "pass", f"TX/RX bytes answered {said}")
+
+
 def nvlink_states(snap: Snapshot) -> Check:
     """The states the links are in (field 165: ACTIVE, SLEEP, INACTIVE), GPU by GPU."""
     seen = []
@@ -312,6 +337,7 @@ def run(
             report.cuda = report.cuda or facts[0][1].get("cuda_version")
         report.checks.extend(probe_gpm(nvml, second, log))
         report.checks.extend(probe_fields(nvml, (g.index for g in second.gpus if g.up)))
+        report.checks.append(pcie_counter_width(nvml, (g.index for g in second.gpus if g.up)))
         report.checks.append(nvlink_states(second))
         report.checks.append(failed_calls(second))
         listener.join(xid_seconds + 10)

@@ -67,6 +67,7 @@ GPU_KEYS: dict[str, float] = {
     "pcie_tx_bps": 1e6,
     "pcie_rx_bps": 1e6,
     "pcie_replay_rate": 0.0,
+    "pcie_counter_wrap": 0.0,  # bytes at which the PCIe byte counters wrap to 0 (0: never)
     "nvlink_tx_bps": 0.0,  # whole GPU, spread evenly over its links
     "nvlink_rx_bps": 0.0,
     "nvlink_error_rate": 0.0,
