@@ -130,10 +130,11 @@ class _ProcessInfoV2(ctypes.Structure):
 
 
 class _ProcessInfoR535(ctypes.Structure):
-    """The record R535 drivers write from nvmlDeviceGetComputeRunningProcesses_v3: 12.2's
-    nvmlProcessInfo_t with usedGpuCcProtectedMemory (32 bytes); R550 went back to 24 bytes
-    for _v3 and the binding reads 24 (nvidia-ml-py 12.535 read 32), so _v3 is read here only
-    without a _v2 symbol, with the record size of the driver's branch."""
+    """The record early R535 drivers write from nvmlDeviceGetComputeRunningProcesses_v3: the
+    nvmlProcessInfo_t of CUDA 12.2.0/12.2.1's nvml.h, with usedGpuCcProtectedMemory (32
+    bytes; nvidia-ml-py 12.535.77 read 32 too). CUDA 12.2.2's header (driver 535.104) went
+    back to the 24-byte nvmlProcessInfo_v2_t, as the binding from 12.535.108 reads, so _v3
+    is read here only without a _v2 symbol, with the record size of the driver's release."""
 
     _fields_ = [*_ProcessInfoV2._fields_, ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
 
@@ -297,9 +298,10 @@ class Nvml:
         """(pid, used bytes) of each compute process; None when the GPU cannot tell.
 
         The binding's nvmlDeviceGetComputeRunningProcesses calls the _v3 symbol with a
-        24-byte record, which R535 drivers fill with 32-byte ones (every process after the
-        first garbled) and drivers without _v3 refuse with NVMLLibraryMismatchError. The
-        _v2 symbol has kept one layout on every branch: it is called directly here.
+        record of its own release's size (32 bytes in 12.535.77, 24 after), which drivers
+        of the other size garble (every process after the first) and drivers without _v3
+        refuse with NVMLLibraryMismatchError. The _v2 symbol has kept one layout on every
+        branch: it is called directly here.
         """
         for symbol in ("nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetComputeRunningProcesses_v3"):
             try:
@@ -314,8 +316,11 @@ class Nvml:
         return None
 
     def _v3_record(self) -> type[ctypes.Structure]:
-        version = decode(self.query(pynvml.nvmlSystemGetDriverVersion) or "")
-        return _ProcessInfoR535 if version.startswith("535.") else _ProcessInfoV2
+        version = decode(self.query(pynvml.nvmlSystemGetDriverVersion) or "").split(".")
+        early_r535 = (
+            version[0] == "535" and len(version) > 1 and version[1].isdigit() and int(version[1]) < 104
+        )
+        return _ProcessInfoR535 if early_r535 else _ProcessInfoV2
 
     def _processes(
         self, fn: Callable[..., int], symbol: str, handle: Any, record: type[ctypes.Structure]

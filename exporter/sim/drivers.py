@@ -27,13 +27,14 @@ from exporter.nvml import (
     FI_PERF_POLICY_POWER,
 )
 
-# Fields first in nvidia-ml-py 12.575 / 13.580 (absent from 12.535-12.570): PCIe byte
-# counters and the per-reason clock-event durations other than SW power cap (id 74, the
-# old NVML_FI_DEV_PERF_POLICY_POWER, known to every branch here).
+# PCIe byte counters: first in CUDA 12.5's nvml.h (R555) and in nvidia-ml-py 12.555.43;
+# absent from 12.550.89 and every release before.
+NEW_IN_R555 = frozenset({FI_PCIE_COUNT_TX_BYTES, FI_PCIE_COUNT_RX_BYTES})
+# Fields first in nvidia-ml-py 12.575 / 13.580 (absent from 12.535-12.570): the per-reason
+# clock-event durations other than SW power cap (id 74, the old
+# NVML_FI_DEV_PERF_POLICY_POWER, known to every branch here).
 NEW_IN_R575 = frozenset(
     {
-        FI_PCIE_COUNT_TX_BYTES,
-        FI_PCIE_COUNT_RX_BYTES,
         FI_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
         FI_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
         FI_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN,
@@ -50,9 +51,17 @@ class Driver:
     cuda: int  # nvmlSystemGetCudaDriverVersion, 1000 * major + 10 * minor
     missing: frozenset[str] = frozenset()  # symbols the library does not export
     unknown_fields: frozenset[int] = frozenset()  # ids it refuses inside a successful call
-    # Bytes per record nvmlDeviceGetComputeRunningProcesses_v3 writes: 12.2's nvml.h (R535)
-    # put usedGpuCcProtectedMemory into nvmlProcessInfo_t (32 bytes); R550 took it out (24).
-    process_v3_record: int = 24
+
+    @property
+    def process_v3_record(self) -> int:
+        """Bytes per record nvmlDeviceGetComputeRunningProcesses_v3 writes. nvml.h of CUDA
+        12.2.0 and 12.2.1 (nvidia-nvml-dev-cu12 12.2.81, 12.2.128; drivers 535.54, 535.86)
+        gave nvmlProcessInfo_t a usedGpuCcProtectedMemory (32 bytes), and nvidia-ml-py
+        12.535.77 copied it; 12.2.2's header (12.2.140, driver 535.104) made it the 24-byte
+        nvmlProcessInfo_v2_t again and moved the 32-byte layout to nvmlProcessDetail_v1_t
+        (nvmlDeviceGetRunningProcessDetailList). The fake writes as each header says."""
+        major, minor = (int(x) for x in self.version.split(".")[:2])
+        return 32 if major == 535 and minor < 104 else 24
 
 
 DRIVERS: dict[str, Driver] = {
@@ -76,7 +85,7 @@ DRIVERS: dict[str, Driver] = {
                 "nvmlGpmMetricsGet",
             }
         ),
-        unknown_fields=NEW_IN_R575 | NEW_IN_R520,
+        unknown_fields=NEW_IN_R575 | NEW_IN_R555 | NEW_IN_R520,
     ),
     # R515 (CUDA 11.7): _v3 processes and nvmlDeviceGetMemoryInfo_v2 (both R510) with
     # 24-byte records; still before GPM (R525), the link-scoped NVLink error fields (R520),
@@ -96,19 +105,19 @@ DRIVERS: dict[str, Driver] = {
                 "nvmlGpmMetricsGet",
             }
         ),
-        unknown_fields=NEW_IN_R575 | NEW_IN_R520,
+        unknown_fields=NEW_IN_R575 | NEW_IN_R555 | NEW_IN_R520,
     ),
-    # R535 (CUDA 12.2): 32-byte _v3 process records; no nvmlDeviceGetNumaNodeId (absent
-    # from binding 12.535, whose pynvml.py has no such function).
+    # R535 (CUDA 12.2) as first released, 535.54.03: 32-byte _v3 process records (see
+    # Driver.process_v3_record; 535.104 and later write 24); no nvmlDeviceGetNumaNodeId
+    # (absent from binding 12.535, whose pynvml.py has no such function).
     "R535": Driver(
         "R535",
-        "535.216.03",
+        "535.54.03",
         12020,
         missing=frozenset({"nvmlDeviceGetNumaNodeId"}),
-        unknown_fields=NEW_IN_R575,
-        process_v3_record=32,
+        unknown_fields=NEW_IN_R575 | NEW_IN_R555,
     ),
-    "R550": Driver("R550", "550.127.08", 12040, unknown_fields=NEW_IN_R575),
+    "R550": Driver("R550", "550.127.08", 12040, unknown_fields=NEW_IN_R575 | NEW_IN_R555),
     "R570": Driver("R570", "570.133.20", 12080, unknown_fields=NEW_IN_R575),
     "R580": Driver("R580", "580.65.06", 13000),
 }

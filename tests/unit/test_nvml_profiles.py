@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import pynvml
 import pytest
 
@@ -35,8 +37,9 @@ phases:
 
 @pytest.mark.parametrize("driver", ["R470", "R535", "R550", "R580"])
 def test_processes_are_read_right_on_every_branch(sim, driver: str) -> None:  # type: ignore[no-untyped-def]
-    # R535 writes 32-byte _v3 records (the binding reads 24); R470 has no _v3 symbol
-    # (the binding's unversioned wrapper raises NVMLLibraryMismatchError).
+    # R535 as first released writes 32-byte _v3 records (the binding reads 24 from 12.535.108
+    # on); R470 has no _v3 symbol (the binding's unversioned wrapper raises
+    # NVMLLibraryMismatchError).
     s = sim(scenario(driver=driver))
     procs = s.at(5).gpu(0).get(Processes)
     assert procs is not None and procs.count == 3
@@ -44,6 +47,27 @@ def test_processes_are_read_right_on_every_branch(sim, driver: str) -> None:  # 
     assert pids == [SIM_PID_BASE, SIM_PID_BASE + 100, SIM_PID_BASE + 200]
     used = {p.used_bytes for p in procs.items}
     assert len(used) == 1 and next(iter(used)) > 10 * 1024**3  # an equal share each, none garbled
+
+
+@pytest.mark.parametrize(
+    ("version", "record"),
+    [("535.54.03", 32), ("535.86.10", 32), ("535.104.05", 24), ("535.216.03", 24), ("550.127.08", 24)],
+)
+def test_the_v3_record_size_follows_the_drivers_release(sim, version: str, record: int) -> None:  # type: ignore[no-untyped-def]
+    """nvml.h of CUDA 12.2.0/12.2.1 (drivers 535.54, 535.86) had a 32-byte nvmlProcessInfo_t;
+    12.2.2's (535.104) the 24-byte nvmlProcessInfo_v2_t again. The exporter reads _v3 (where
+    a driver lacks _v2) with the size its release writes: no process garbled."""
+    from exporter.sim.drivers import resolve_driver
+
+    assert resolve_driver(version).process_v3_record == record
+    s = sim(scenario().replace("model: H100-80GB-SXM", f'model: H100-80GB-SXM, driver: "{version}"'))
+    s.at(1)
+    nvml = s.exporter.nvml
+    assert ctypes.sizeof(nvml._v3_record()) == record
+    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses_v3")
+    procs = nvml._processes(fn, "v3", nvml.handle(0), nvml._v3_record())
+    assert sorted(pid for pid, _ in procs) == [SIM_PID_BASE, SIM_PID_BASE + 100, SIM_PID_BASE + 200]
+    assert len({used for _, used in procs}) == 1
 
 
 def test_clock_reasons_fall_back_to_the_throttle_name_on_old_drivers(sim) -> None:  # type: ignore[no-untyped-def]
