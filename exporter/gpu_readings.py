@@ -129,7 +129,8 @@ class Power:
         "Energy used since the driver loaded (nvmlDeviceGetTotalEnergyConsumption)",
     )  # in the default profile: energy per token is rebuilt from it out of a TSDB too
     gpu_celsius: float | None = gauge(
-        "llmgpu_gpu_temperature_celsius", "GPU die temperature (nvmlDeviceGetTemperature)"
+        "llmgpu_gpu_temperature_celsius",
+        "GPU die temperature (nvmlDeviceGetTemperatureV; nvmlDeviceGetTemperature before R570)",
     )
     memory_celsius: float | None = gauge(
         "llmgpu_gpu_memory_temperature_celsius",

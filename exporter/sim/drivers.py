@@ -40,6 +40,9 @@ NEW_IN_R575 = frozenset(
         FI_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN,
     }
 )
+# nvmlDeviceGetTemperatureV is first in CUDA 12.8's nvml.h (R570); the call it replaces is
+# deprecated from CUDA 13.0.
+NEW_SYMBOLS_R570 = frozenset({"nvmlDeviceGetTemperatureV"})
 # Link-scoped NVLink error fields (NVML_FI_DEV_NVLINK_ERROR_DL_*) arrived with R520.
 NEW_IN_R520 = frozenset({FI_NVLINK_ERROR_DL_REPLAY, FI_NVLINK_ERROR_DL_RECOVERY, FI_NVLINK_ERROR_DL_CRC})
 
@@ -83,6 +86,7 @@ DRIVERS: dict[str, Driver] = {
                 "nvmlGpmSampleFree",
                 "nvmlGpmSampleGet",
                 "nvmlGpmMetricsGet",
+                *NEW_SYMBOLS_R570,
             }
         ),
         unknown_fields=NEW_IN_R575 | NEW_IN_R555 | NEW_IN_R520,
@@ -103,6 +107,7 @@ DRIVERS: dict[str, Driver] = {
                 "nvmlGpmSampleFree",
                 "nvmlGpmSampleGet",
                 "nvmlGpmMetricsGet",
+                *NEW_SYMBOLS_R570,
             }
         ),
         unknown_fields=NEW_IN_R575 | NEW_IN_R555 | NEW_IN_R520,
@@ -114,10 +119,12 @@ DRIVERS: dict[str, Driver] = {
         "R535",
         "535.54.03",
         12020,
-        missing=frozenset({"nvmlDeviceGetNumaNodeId"}),
+        missing=frozenset({"nvmlDeviceGetNumaNodeId", *NEW_SYMBOLS_R570}),
         unknown_fields=NEW_IN_R575 | NEW_IN_R555,
     ),
-    "R550": Driver("R550", "550.127.08", 12040, unknown_fields=NEW_IN_R575 | NEW_IN_R555),
+    "R550": Driver(
+        "R550", "550.127.08", 12040, missing=NEW_SYMBOLS_R570, unknown_fields=NEW_IN_R575 | NEW_IN_R555
+    ),
     "R570": Driver("R570", "570.133.20", 12080, unknown_fields=NEW_IN_R575),
     "R580": Driver("R580", "580.65.06", 13000),
 }

@@ -7,7 +7,7 @@ import ctypes
 import pynvml
 import pytest
 
-from exporter.gpu_readings import Clocks, Memory, NvLink, Pcie, Processes, Profiling, Xid
+from exporter.gpu_readings import Clocks, Memory, NvLink, Pcie, Power, Processes, Profiling, Xid
 from exporter.sim import fakenvml
 from exporter.sim.drivers import profile
 from exporter.sim.gpu_models import MODELS
@@ -284,3 +284,20 @@ def test_power_brake_slowdown_is_not_thermal_throttling(sim) -> None:  # type: i
         phases: [{name: p, duration: 100, gpu: {util: 0.9, throttle_hw_slowdown: 1}}]
     """)
     assert "hw_slowdown" in frame_of(s2.at(5)).gpus[0].throttle_reasons
+
+
+@pytest.mark.parametrize(
+    ("driver", "read_v"), [("R580", True), ("R570", True), ("R550", False), ("R470", False)]
+)
+def test_temperature_is_read_with_the_call_that_replaces_the_deprecated_one(
+    sim, driver: str, read_v: bool
+) -> None:  # type: ignore[no-untyped-def]
+    """nvml.h deprecates nvmlDeviceGetTemperature in CUDA 13.0 for nvmlDeviceGetTemperatureV
+    (first in CUDA 12.8, R570). A fault on the new call alone shows which one is read."""
+    fault = "faults: [{kind: error, function: nvmlDeviceGetTemperatureV, error: NoPermission, at: 0}]\n"
+    s = sim(scenario(driver=driver, extra=fault))
+    power = s.at(5).gpu(0).get(Power)
+    read_v = read_v and hasattr(pynvml, "nvmlDeviceGetTemperatureV")  # bindings from 12.570
+    assert (power.gpu_celsius is None) is read_v
+    s2 = sim(scenario(driver=driver))
+    assert s2.at(5).gpu(0).get(Power).gpu_celsius == pytest.approx(35, abs=2)  # the default temp_c
