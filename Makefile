@@ -38,15 +38,18 @@ test: test-deps system-deps vllm-env lint typecheck
 	$(BIN)/pytest -q
 	PY=$(PY) bash tests/setup/binding_venvs.sh
 
-# The unit tests alone: no Debian packages, no vLLM venv, no formatting checks.
+# The fast loop: unit tests that neither play scenarios, start servers nor wait on
+# timeouts (those are marked slow); no Debian packages, no vLLM venv, no formatting checks.
 unit: test-deps
-	$(BIN)/pytest -q -m "not system and not integration and not e2e" tests/unit alerts/tests
+	$(BIN)/pytest -q -m "not slow and not system and not integration and not e2e" tests/unit alerts/tests
 
 # Regenerate every generated part: the metric catalog, the diagnosis, scenario, settings
-# and layer tables, the dashboards' JSON and their panel reference.
+# and layer tables, the dashboards' JSON and their panel reference, and the README's
+# pictures of the page (with Debian's chromium; left as they are without it).
 docs: test-deps
 	$(BIN)/python -m exporter.docgen
 	$(BIN)/python -m dashboards.generate
+	$(BIN)/python -m exporter.docgen.screenshots
 
 lint: test-deps
 	$(BIN)/ruff check exporter tests bench dashboards alerts

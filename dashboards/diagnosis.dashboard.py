@@ -438,6 +438,32 @@ scheduling = Row(
             unit="reqps",
             threshold=TH.rejections_min_per_second,
         ),
+        timeseries(
+            "Evidence: prefill and decode (scheduling/prefill_starves_decode)",
+            "Prefill/decode disaggregation (SGLang): SM activity of each engine's GPUs (rule: prefill at "
+            f"{pct(TH.pd_prefill_busy_min_ratio)} or more, decode under {pct(TH.pd_decode_idle_max_ratio)}), "
+            f"the prefill queue (rule: at least {TH.pd_prefill_waiting_min:g}) and the requests on their way "
+            "to decode (rule: none).",
+            [
+                q(
+                    f"avg by (target) (\n{on_engine_gpus('llmgpu_gpu_sm_active_ratio')}\n)\n"
+                    f"and on (target) llmgpu_engine_disagg_queue_requests{{{ENG}}}",
+                    "{{target}} SM active (avg)",
+                    scenarios=("pd-prefill-bound",),
+                ),
+                q(
+                    f"llmgpu_engine_requests_waiting{{{ENG}}}\n"
+                    f'and on (target) llmgpu_engine_disagg_queue_requests{{{ENG}, queue=~"prefill_.*"}}',
+                    "{{target}} prefill waiting",
+                    scenarios=("pd-prefill-bound",),
+                ),
+                q(
+                    f'sum by (target) (llmgpu_engine_disagg_queue_requests{{{ENG}, queue=~"decode_.*"}})',
+                    "{{target}} on its way to decode",
+                    scenarios=("pd-prefill-bound",),
+                ),
+            ],
+        ),
     ],
 )
 
@@ -486,6 +512,26 @@ parallel = Row(
             unit="percentunit",
             min_=0,
             threshold=TH.nvlink_saturation_ratio,
+        ),
+        timeseries(
+            "Evidence: KV transfer and TTFT (parallel/kv_transfer_slow)",
+            "Time one request's KV cache takes to move from prefill to decode, and the median time to "
+            "first token of the engines (rule: the transfer at "
+            f"{pct(TH.kv_transfer_ttft_share_min)} of the model's TTFT or more, with TTFT of "
+            f"{TH.kv_transfer_ttft_min_s * 1e3:g} ms or more).",
+            [
+                q(
+                    f"llmgpu_engine_kv_transfer_latency_seconds{{{ENG}}}",
+                    "{{target}} KV transfer",
+                    scenarios=("pd-kv-transfer-slow",),
+                ),
+                q(
+                    f'llmgpu_engine_time_to_first_token_quantile_seconds{{{ENG}, {Q1M}, quantile="0.5"}}',
+                    "{{target}} TTFT p50",
+                    scenarios=("pd-kv-transfer-slow",),
+                ),
+            ],
+            unit="s",
         ),
     ],
 )

@@ -105,12 +105,20 @@ def build(settings: Settings, env: Environment | None = None) -> Exporter:
         nvml = Nvml()
         runner = Runner(
             collectors.build(
-                Context(settings=settings, nvml=nvml, clock=env.clock, sysfs=env.sysfs, exposed=shown.allows)
+                Context(
+                    settings=settings,
+                    nvml=nvml,
+                    clock=env.clock,
+                    pace=env.pace,
+                    sysfs=env.sysfs,
+                    exposed=shown.allows,
+                )
             ),
             interval=settings.interval,
             gpu_count=nvml.count,
             enrichers=enrichers(settings, env),
             clock=env.clock,
+            pace=env.pace,
             simulated=env.simulated,
             attribution=pod_attribution(settings.kubelet_socket, closers)
             if settings.kubelet_socket

@@ -24,6 +24,10 @@ class Environment:
     settings: Settings  # the settings the exporter runs with (the simulator adds its targets)
     sysfs: str = "/sys"
     clock: Callable[[], float] = time.time  # what `taken_at` is measured on
+    # Wall seconds one second of `clock` takes: 1/speed while a scenario plays. Intervals
+    # are seconds of `clock`, so a scenario played fast is sampled as often, in its own
+    # time, as a node in real time: every figure and window means the same at any speed.
+    pace: float = 1.0
     enrichers: tuple[Enricher, ...] = ()  # whole-snapshot steps before the engine-GPU join
     before_step: Callable[[], object] | None = None  # in stepped runs, before each cycle
     simulated: bool = False

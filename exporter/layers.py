@@ -174,8 +174,9 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "docgen",
-        "the generated parts of the docs, from the declarations",
+        "the generated parts of the docs, from the declarations; the README's pictures",
         ("catalog", "config", "diagnosis", "layers", "sim.scenario"),
+        ("httpx",),
     ),
     Layer(
         "cli",

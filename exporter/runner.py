@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 KEPT_WHEN_DOWN = (DeviceFacts, Xid)
 KEPT_FAMILIES = {cls.family for cls in KEPT_WHEN_DOWN}
 DUE_SLACK_S = 0.005  # a wait may end a little before the grid point it was for
+MIN_PERIOD_S = 0.05  # the shortest wall-clock grid a simulation played fast runs on
 COUNTERS_KEPT_S = 300.0  # Prometheus' lookback: a stalled collector's counters end after it
 # Publishing that has failed this long (or this many cycles, whichever is longer) makes
 # the process unhealthy: a restart is the cure a liveness probe can give.
@@ -114,6 +115,7 @@ class Runner:
         gpu_count: int,
         enrichers: Sequence[Enricher] = (),
         clock: Callable[[], float] = time.time,
+        pace: float = 1.0,
         simulated: bool = False,
         attribution: Attribution | None = None,
         exposure: Exposure = DEFAULT,
@@ -125,6 +127,9 @@ class Runner:
         self.gpu_count = gpu_count
         self.enrichers = list(enrichers)
         self.clock = clock
+        # Wall seconds per second of `clock` (1/speed in a played simulation): the grids are
+        # seconds of `clock`, so a scenario played fast is sampled as a node in real time is.
+        self.pace = pace
         self.simulated = simulated
         self.attribution = attribution
         self.stats = ServeStats()
@@ -235,13 +240,17 @@ class Runner:
                 self.run_collector(slot)
                 with self._lock:
                     lane.running = None
-                slot.due_at = _next_point(slot.collector.interval_s)
+                slot.due_at = _next_point(self._period(slot.collector.interval_s))
             if lane.publishes and lane.publish_at <= now + DUE_SLACK_S:
                 self._publish_cycle()
-                lane.publish_at = _next_point(self.interval)
+                lane.publish_at = _next_point(self._period(self.interval))
             with self._lock:
                 wake = min([s.due_at for s in lane.slots] + ([lane.publish_at] if lane.publishes else []))
             self._stop.wait(max(0.0, wake - time.monotonic()))
+
+    def _period(self, seconds: float) -> float:
+        """A grid's period in wall seconds: `seconds` of the clock, never under MIN_PERIOD_S."""
+        return seconds if self.pace == 1.0 else max(seconds * self.pace, MIN_PERIOD_S)
 
     def _publish_cycle(self) -> None:
         try:

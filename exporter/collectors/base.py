@@ -81,6 +81,9 @@ class Context:
     # Wall time, or scenario time mapped onto the epoch when simulating: rates and
     # windows must use this clock so accelerated scenarios stay consistent.
     clock: Callable[[], float] = time.time
+    # Wall seconds one second of `clock` takes (1/speed in a played simulation): a
+    # collector waiting on its own interval waits `interval * pace` of wall time.
+    pace: float = 1.0
     # Root of the sysfs the collectors read (PCI NUMA node, CPU lists); the simulator
     # points it at the tree its GPU profile describes.
     sysfs: str = "/sys"

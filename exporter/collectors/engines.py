@@ -37,6 +37,7 @@ class EnginesCollector(Collector):
             static=[*targets_from_settings(s), *extra],
             discoverers=discoverers(s) if discover is None else discover,
             clock=ctx.clock,
+            pace=ctx.pace,
         )
         self._reported: dict[str, int] = {}
 

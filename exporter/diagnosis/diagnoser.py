@@ -4,9 +4,9 @@ It is an enricher: `Diagnoser()(snapshot)` returns the finding states (every rul
 subject, 0 or 1), the OOM-risk ratios, the rules blind for want of a signal
 (diagnosis/coverage.py), and a `Diagnosis` for the page, the JSON API and the CLI.
 Hold and clear are judged over windows (`step_state`): a finding fires when its
-condition held for most of the rule's hold time, and clears when it was nearly absent
-for its clear time; both are measured on `Snapshot.taken_at`, so a simulation played
-fast behaves as it would in real time.
+condition recurred through the rule's hold time and holds now, and clears when it was
+nearly absent for its clear time; both are measured on `Snapshot.taken_at`, so a
+simulation played fast behaves as it would in real time.
 """
 
 from __future__ import annotations
@@ -86,17 +86,19 @@ def step_state(
     candidate: Candidate | None,
     hold_s: float,
     clear_s: float,
-    hold_share: float = DEFAULT.hold_min_share,
-    clear_share: float = DEFAULT.clear_max_share,
+    th: Thresholds = DEFAULT,
 ) -> None:
     """Advance one rule x subject by one sample taken at `now`.
 
-    A finding fires once its episode (the run of samples since the condition first held,
-    not ended by a whole hold window without it) is `hold_s` old, the condition holds now
-    and held for at least `hold_share` of the last `hold_s`. It clears once the condition
-    held for at most `clear_share` of the last `clear_s` and not now. A periodic storm
-    thus fires and stays; one burst shorter than the hold time never fires. Event rules
-    (hold 0, clear 0) fire on one sample and clear on the first sample without it.
+    An episode starts at the first sample the condition holds and lasts while it recurs:
+    only `recur_s` without it ends the episode. A finding fires once its episode is
+    `hold_s` old, the condition holds now, and it held for at least `hold_min_share` of
+    the last `hold_s`. It clears once the condition does not hold now and held for at
+    most `clear_max_share` of the last `clear_s` (at least `recur_s`, so that what
+    counted as one episode does not clear between its waves). A storm that recurs every
+    minute thus fires once and stays; one burst shorter than the hold time never fires
+    (it would have to hold now, a hold time after it began). Event rules (hold 0,
+    clear 0) fire on one sample and clear on the first sample without it.
     """
     on = candidate is not None
     state.on = on
@@ -104,23 +106,26 @@ def step_state(
         state.candidate = candidate
     if not state.changes or state.changes[-1][1] != on:
         state.changes.append((now, on))
-    window = max(hold_s, clear_s)
+    clear_window = max(clear_s, th.recur_s) if clear_s > 0 else 0.0
+    window = max(hold_s, clear_window, th.recur_s)
     while len(state.changes) >= 2 and state.changes[1][0] <= now - window:
         state.changes.popleft()  # the value at the window's start is the one kept
     if state.active:
-        if not on and (clear_s <= 0 or true_share(state.changes, now, clear_s) <= clear_share):
+        if not on and (
+            clear_window <= 0 or true_share(state.changes, now, clear_window) <= th.clear_max_share
+        ):
             state.active = False
             state.episode_since = None
         return
     if on and state.episode_since is None:
         state.episode_since = now
-    elif not on and state.episode_since is not None and true_share(state.changes, now, hold_s) <= 0:
-        state.episode_since = None  # a whole hold window without it: the episode is over
+    elif not on and state.episode_since is not None and true_share(state.changes, now, th.recur_s) <= 0:
+        state.episode_since = None  # a whole recurrence window without it: the episode is over
     if (
         on
         and state.episode_since is not None
         and now - state.episode_since >= hold_s
-        and (hold_s <= 0 or true_share(state.changes, now, hold_s) >= hold_share)
+        and (hold_s <= 0 or true_share(state.changes, now, hold_s) >= th.hold_min_share)
     ):
         state.active = True
         state.active_since = now
@@ -253,7 +258,7 @@ class Diagnoser:
         by_scope: dict[tuple[str, bool], list[Subject]] = {}
         for rule in self.rules:
             candidates = {c.subject.key: c for c in rule.check(frame, self.history, th)}
-            hold, clear = rule.hold(th), rule.clear(th)
+            hold, clear = rule.hold(th) + rule.window(th), rule.clear(th)
             scope = (rule.scope, rule.gpus_without_engine)
             if scope not in by_scope:
                 by_scope[scope] = subjects(frame, rule)
@@ -264,7 +269,7 @@ class Diagnoser:
                 if state is None:
                     state = self._states[key] = _State()
                 candidate = candidates.get(subject.key)
-                step_state(state, now, candidate, hold, clear, th.hold_min_share, th.clear_max_share)
+                step_state(state, now, candidate, hold, clear, th)
                 active = int(state.active)
                 if state.exported is None or state.exported.active != active:  # else the same reading
                     state.exported = FindingState(

@@ -3,7 +3,9 @@
 Both come from counters over one window (`rate_window_s`), measured at the engine's own
 scrape times: the energy its GPUs used between two scrapes of its generation-token
 counter (NVML's energy counter, interpolated between snapshots to those instants) over
-the tokens generated between them. The cost is the configured price per GPU-hour times
+the tokens generated between them. The first of the two is the newest scrape at least
+the window before the last one (as for every windowed rate, history.py), so an engine
+scraped less often than the window still has the figures. The cost is the configured price per GPU-hour times
 the engine's GPUs times the same span, over the same tokens.
 
 Each is absent rather than guessed where the window has no generated token, where a GPU
@@ -63,18 +65,16 @@ def efficiency(
     """Energy per token and cost per million tokens of engine `e` over the last `window_s`."""
     if not e.up or not exclusive_gpus(frame, e):
         return Efficiency()
-    frames = history.since(window_s)
+    tokens = history.points(lambda f: _token_point(f.engine(e.target)), window_s)
+    if len(tokens) < 2:
+        return Efficiency()
     energy: Series = []
-    tokens: Series = []
-    for f in frames:
-        x = f.engine(e.target)
+    # the frames from the last one at or before the first scrape: the energy at both scrapes
+    for f in (*history.at_or_before(tokens[0][0])[-1:], *history.after(tokens[0][0])):
         gpus = [f.gpu(i) for i in e.gpus]
         joules = [g.energy_joules_total for g in gpus if g is not None and g.up]
         if len(joules) == len(e.gpus) and all(j is not None for j in joules):
             energy.append((f.taken_at, sum(j for j in joules if j is not None)))
-        point = _token_point(x)
-        if point is not None and (not tokens or point[0] > tokens[-1][0]):  # one point per scrape
-            tokens.append(point)
     if len(energy) < 2:
         return Efficiency()
     inside = [p for p in tokens if energy[0][0] <= p[0] <= energy[-1][0]]

@@ -176,10 +176,21 @@ class EngineFrame:
     max_num_seqs: int | None = None  # declared with the target; None: unknown
     max_num_batched_tokens: int | None = None
     kv_cache_max_concurrency: float | None = None  # full-length requests the KV cache holds
+    # prefill/decode disaggregation: SGLang's PD queues by name (prefill_bootstrap, ...;
+    # None: not a disaggregated SGLang), the KV transfer of one request, failed transfers
+    disagg_queues: Mapping[str, float] | None = None
+    kv_transfer_latency_seconds: float | None = None
+    kv_transfer_failures_total: float | None = None
     # written by the Diagnoser from its up/down record (diagnosis/recovery.py)
     down_since: float | None = None  # down since this sample, after it was up
     last_downtime_seconds: float | None = None  # the last down episode that ended
     recovered_at: float | None = None  # when it ended
+
+    @property
+    def disagg_role(self) -> str | None:
+        """prefill or decode, from the PD queues its engine reports (SGLang); else None."""
+        names = self.disagg_queues or {}
+        return next((side for side in ("prefill", "decode") if any(n.startswith(side) for n in names)), None)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """A bounded ring buffer of frames, keyed on snapshot time, and the arithmetic over it.
 
 All time arithmetic uses `Frame.taken_at` (scenario time in a simulation), never the wall
-clock. Counters turn into rates only over a span of frames; a counter that went down
-(a restart) restarts the span.
+clock. Counters turn into rates over a window, as Prometheus' rate() does over a range:
+each sample at the time it was read (an engine's counters at its scrape, which several
+frames may repeat), from the newest sample at least a window old to the newest one, a
+counter that went down (a restart) counted from zero.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from exporter.diagnosis.frame import EngineFrame, Frame, GpuFrame
 T = TypeVar("T")
 V = TypeVar("V")
 Getter = Callable[[T], float | None]
+Series = list[tuple[float, float]]
 
 
 DENSE_S = 120.0  # frames this recent are all kept: rates and hold times need them
@@ -118,6 +121,48 @@ class History:
             if v is not None:
                 out.append((f.taken_at, float(v)))
         return out
+
+    def points(self, get: Callable[[Frame], tuple[float, float] | None], window: float) -> Series:
+        """One series' (time, value) samples, oldest first, reaching back to the newest one
+        at least `window` before the newest (or to the oldest kept): what a windowed rate
+        reads. A sample several frames carry (an engine scraped less often than frames are
+        made) counts once, at its own time."""
+        out: Series = []
+        for f in reversed(self._frames):
+            p = get(f)
+            if p is None or (out and p[0] >= out[-1][0]):
+                continue
+            out.append(p)
+            if p[0] <= out[0][0] - window:
+                break
+        out.reverse()
+        return out
+
+    def engine_rate(self, target: str, get: Getter[EngineFrame], window: float) -> float | None:
+        """Per-second growth of an engine counter over `window`, at its scrape times."""
+
+        def point(f: Frame) -> tuple[float, float] | None:
+            e = f.engine(target)
+            v = get(e) if e is not None and e.up else None
+            if e is None or v is None:
+                return None
+            return (e.scraped_at if e.scraped_at is not None else f.taken_at, float(v))
+
+        return rate(self.points(point, window))
+
+    def gpu_points(self, index: int, get: Getter[GpuFrame], window: float) -> Series:
+        """A GPU counter's samples over `window` (and the one before it), at frame times."""
+
+        def point(f: Frame) -> tuple[float, float] | None:
+            g = f.gpu(index)
+            v = get(g) if g is not None and g.up else None
+            return None if v is None else (f.taken_at, float(v))
+
+        return self.points(point, window)
+
+    def gpu_rate(self, index: int, get: Getter[GpuFrame], window: float) -> float | None:
+        """Per-second growth of a GPU counter over `window`."""
+        return rate(self.gpu_points(index, get, window))
 
     def last_gpu(self, index: int, get: Callable[[GpuFrame], V | None], at: float | None = None) -> V | None:
         """The last value known at time `at` (default: now), looking back through frames."""

@@ -439,6 +439,9 @@ ENGINE: tuple[Input, ...] = (
     ),
     engine("max_num_seqs", Source("llmgpu_engine_max_num_seqs", MAX), then=_int),
     engine("max_num_batched_tokens", Source("llmgpu_engine_max_num_batched_tokens", MAX), then=_int),
+    engine("disagg_queues", Source("llmgpu_engine_disagg_queue_requests", KEYED)),
+    engine("kv_transfer_latency_seconds", Source("llmgpu_engine_kv_transfer_latency_seconds", MAX)),
+    engine("kv_transfer_failures_total", Source("llmgpu_engine_kv_transfer_failures_total", SUM)),
 )
 NODE: tuple[Input, ...] = (node("simulated", Source("llmgpu_exporter_simulated", MAX), then=_flag),)
 INPUTS: tuple[Input, ...] = (*NODE, *GPU, *MIG, *ALLOCATOR, *ENGINE)

@@ -79,6 +79,7 @@ class Rule:
     check: Check
     hold_s: str | float  # seconds, or the name of the Thresholds field holding them
     clear_s: str | float
+    window_s: str | float = 0.0  # the longest window its rates and quantiles are taken over
     gpus_without_engine: bool = False  # gpu_engine scope: GPUs no engine runs on are subjects too
 
     layer: str = field(init=False, repr=False, compare=False)
@@ -92,6 +93,10 @@ class Rule:
     def hold(self, th: Thresholds) -> float:
         """Seconds the condition must hold before the finding fires."""
         return _seconds(self.hold_s, th)
+
+    def window(self, th: Thresholds) -> float:
+        """Seconds a windowed input keeps a burst after it ended: added to the hold."""
+        return _seconds(self.window_s, th)
 
     def clear(self, th: Thresholds) -> float:
         """Seconds the condition must be gone before the finding clears."""

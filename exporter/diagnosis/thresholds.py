@@ -167,6 +167,15 @@ class Thresholds:
     # More than one rejection every ten seconds over a minute is not a stray request.
     rejections_min_per_second: float = 0.1
     rejections_hold_s: float = 60.0
+    # Prefill/decode disaggregation out of balance: a prefill engine with 5 or more waiting
+    # requests and its GPUs 85 % active or more, while every decode engine of the model has
+    # its GPUs under 40 % active and nothing in its prealloc or transfer queue (no request
+    # is on its way to it): prefill capacity sets the throughput, decode GPUs idle. Two
+    # minutes tells a lasting mix of long prompts from one burst of them.
+    pd_prefill_waiting_min: float = 5.0
+    pd_prefill_busy_min_ratio: float = 0.85
+    pd_decode_idle_max_ratio: float = 0.4
+    pd_hold_s: float = 120.0
 
     # ---- parallel ---------------------------------------------------------------------
     # In one tensor-parallel group all ranks should be equally busy; a spread of 25
@@ -181,6 +190,14 @@ class Thresholds:
     nvlink_hold_s: float = 120.0
     # Tensor parallel without NVLink is a configuration; a minute confirms the group.
     tp_pcie_hold_s: float = 60.0
+    # A disaggregated request waits for its KV cache to move from prefill to decode before
+    # its first token. Over RDMA or NVLink that is tens of milliseconds; when it is half of
+    # the model's median time to first token or more, and that is above 200 ms (an
+    # interactive target), the transfer path (a TCP fallback, a NIC far from the GPU)
+    # sets TTFT, not compute.
+    kv_transfer_ttft_share_min: float = 0.5
+    kv_transfer_ttft_min_s: float = 0.2
+    kv_transfer_hold_s: float = 120.0
 
     # ---- decoding ---------------------------------------------------------------------
     # Below half of the drafted tokens accepted, speculative decoding usually costs more
@@ -193,12 +210,17 @@ class Thresholds:
     itl_hold_s: float = 120.0
 
     # ---- output -----------------------------------------------------------------------
-    # Hold and clear are judged over windows, not on unbroken runs: a finding fires once
-    # its condition held for at least half of the hold time (and holds now), so a storm
-    # in waves (KV cache swinging 85-99 % every 30 s) fires while one burst shorter than
-    # the hold time does not. It clears once the condition held for at most a tenth of
-    # the clear time, so one stray sample does not keep a finding that is over.
-    hold_min_share: float = 0.5
+    # Hold and clear are judged over windows, not on unbroken runs. A condition seen again
+    # within 90 s is one episode: a wave every minute, sampled every 10 s, never leaves a
+    # longer gap. A finding fires once its episode is its hold time old, the condition
+    # holds now and held for at least 15 % of the hold time: a KV cache topping out for
+    # 15 s of every minute reads as a quarter, or as a sixth sampled every 10 s, while a
+    # stray spike now and then stays far below. One burst shorter than the hold time never
+    # fires. A finding clears once the condition held for at most a tenth of its clear
+    # time (at least the 90 s of an episode), so one stray sample does not keep a finding
+    # that is over, and a storm does not clear between its waves.
+    recur_s: float = 90.0
+    hold_min_share: float = 0.15
     clear_max_share: float = 0.1
     # Default clear time for rules without their own: a finding stays a minute after its
     # condition went away, so a slowly oscillating signal reads as one episode.

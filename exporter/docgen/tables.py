@@ -55,6 +55,8 @@ def rule_table() -> str:
     for r in RULES:
         hold, clear = value_text(r.hold(DEFAULT), "seconds"), value_text(r.clear(DEFAULT), "seconds")
         hold = "none" if r.hold(DEFAULT) == 0 else hold
+        if r.window(DEFAULT):  # a rate's or a quantile's window, added to the hold
+            hold += f" + {value_text(r.window(DEFAULT), 'seconds')} window"
         clear = "none" if r.clear(DEFAULT) == 0 else clear
         rows.append(
             f"| `{r.id}` | {r.severity} | {SCOPES[r.scope]} | {_cell(_with_values(r.condition))} | "

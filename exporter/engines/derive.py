@@ -31,6 +31,8 @@ COUNTERS = (
     "arrivals",
     "estimated_flops_per_gpu",
     "estimated_read_bytes_per_gpu",
+    "kv_transfer_failures",
+    "kv_transfer_bytes",
 )
 MAX_POINTS = 4096
 KEEP_S = max(seconds for _, seconds in WINDOWS)
@@ -82,6 +84,8 @@ class Derived:
     preemptions_per_second: float | None = None
     prefix_cache_hit_ratio: float | None = None
     spec_decode_acceptance_ratio: float | None = None
+    kv_transfer_latency_seconds: float | None = None
+    kv_transfer_speed_bytes_per_second: float | None = None
     latency_quantiles: tuple[LatencyQuantile, ...] = ()
 
 
@@ -144,6 +148,7 @@ class ScrapeWindow:
         if accept is None and "spec_decode_draft_tokens" not in cur.values:
             reported = cur.values.get("spec_accept_ratio_reported")
             accept = reported if reported else None  # SGLang reports 0 without speculation
+        latency, speed = _transfers(old, cur)
         return Derived(
             prompt_tokens_per_second=rate("prompt_tokens"),
             generation_tokens_per_second=rate("generation_tokens"),
@@ -151,6 +156,8 @@ class ScrapeWindow:
             preemptions_per_second=rate("preemptions"),
             prefix_cache_hit_ratio=hit,
             spec_decode_acceptance_ratio=accept,
+            kv_transfer_latency_seconds=latency,
+            kv_transfer_speed_bytes_per_second=speed,
             latency_quantiles=quantiles,
         )
 
@@ -168,6 +175,23 @@ def _went_down(old: Raw, new: Raw) -> bool:
         if n is not None and n.count < h.count:
             return True
     return False
+
+
+def _transfers(old: Raw, cur: Raw) -> tuple[float | None, float | None]:
+    """KV transfer time and speed over the window: from the connector's histogram (vLLM),
+    else as the engine reports them (SGLang: 0 means no transfer, so absent)."""
+    new, before = cur.hists.get("kv_transfer"), old.hists.get("kv_transfer")
+    if new is not None:
+        d = histogram_delta(new, before) if before is not None else None
+        if d is None or d.count <= 0 or d.sum <= 0:
+            return None, None
+        moved = cur.values.get("kv_transfer_bytes", 0.0) - old.values.get("kv_transfer_bytes", 0.0)
+        return d.sum / d.count, (moved / d.sum if moved > 0 else None)
+    latency, speed = (
+        cur.values.get("kv_transfer_latency_reported"),
+        cur.values.get("kv_transfer_speed_reported"),
+    )
+    return (latency or None), (speed or None)
 
 
 def _offered(old: Raw, cur: Raw, dt: float) -> float | None:

@@ -42,8 +42,10 @@ def _sources(*sources: Source) -> tuple[Source, ...]:
 
 
 # Mapping fields (a dict per series) are those with a key_label or key.
-MAP_FIELDS = frozenset({"requests_waiting_by_reason", "requests"})
-HIST_FIELDS = ("ttft", "itl", "e2e", "queue", "prefill", "decode")
+MAP_FIELDS = frozenset({"requests_waiting_by_reason", "requests", "disagg_queue_requests"})
+HIST_FIELDS = ("ttft", "itl", "e2e", "queue", "prefill", "decode", "kv_transfer")
+
+ROLE = {side: ("engine_type", side) for side in ("prefill", "decode")}  # SGLang's disaggregation role
 
 VLLM = _sources(
     Source("requests_running", "vllm:num_requests_running"),
@@ -73,6 +75,10 @@ VLLM = _sources(
     Source("prefill", "vllm:request_prefill_time_seconds", "hist"),
     Source("decode", "vllm:request_decode_time_seconds", "hist"),
     Source("cache_config", "vllm:cache_config_info", "info"),
+    # the NIXL KV connector of a disaggregated deployment (observed where transfers are pulled)
+    Source("kv_transfer", "vllm:nixl_xfer_time_seconds", "hist"),
+    Source("kv_transfer_bytes", "vllm:nixl_bytes_transferred", "sum"),
+    Source("kv_transfer_failures", "vllm:nixl_num_failed_transfers"),
 )
 
 SGLANG = _sources(
@@ -92,6 +98,26 @@ SGLANG = _sources(
     Source("e2e", "sglang:e2e_request_latency_seconds", "hist"),
     Source("queue", "sglang:queue_time_seconds", "hist"),
     Source("cache_config", "sglang:max_total_num_tokens", "config", key="max_total_num_tokens"),
+    # PD disaggregation: every scheduler exports every queue, 0 where its role has none,
+    # so each is read from the role that has it only
+    *(
+        Source(
+            "disagg_queue_requests",
+            f"sglang:num_{side}_{name}_queue_reqs",
+            key=f"{side}_{key}",
+            only=ROLE[side],
+        )
+        for side, name, key in (
+            ("prefill", "prealloc", "bootstrap"),
+            ("prefill", "inflight", "inflight"),
+            ("decode", "prealloc", "prealloc"),
+            ("decode", "transfer", "transfer"),
+        )
+    ),
+    Source("kv_transfer_latency_reported", "sglang:kv_transfer_latency_ms", only=ROLE["prefill"], scale=1e-3),
+    Source("kv_transfer_speed_reported", "sglang:kv_transfer_speed_gb_s", only=ROLE["prefill"], scale=1e9),
+    Source("kv_transfer_failures", "sglang:num_transfer_failed_reqs"),
+    Source("kv_transfer_failures", "sglang:num_bootstrap_failed_reqs"),
 )
 
 TGI = _sources(

@@ -168,6 +168,30 @@ class EngineSeries:
         "llmgpu_engine_decode_time_seconds",
         "Time requests spent in decode, in the engine's buckets (vllm:request_decode_time_seconds)",
     )
+    # prefill/decode disaggregation: SGLang's PD queues, the KV connector's transfers
+    disagg_queue_requests: dict[str, float] | None = gauge(
+        "llmgpu_engine_disagg_queue_requests",
+        "Requests in a prefill/decode disaggregation queue: prefill_bootstrap (waiting for the decode "
+        "side to reserve KV memory), prefill_inflight (KV being sent), decode_prealloc (waiting for KV "
+        "memory), decode_transfer (waiting for the KV cache to arrive) "
+        "(sglang:num_prefill_prealloc_queue_reqs, sglang:num_prefill_inflight_queue_reqs, "
+        "sglang:num_decode_prealloc_queue_reqs, sglang:num_decode_transfer_queue_reqs)",
+        label="queue",
+    )
+    kv_transfer_failures: float | None = counter(
+        "llmgpu_engine_kv_transfer_failures_total",
+        "KV-cache transfers between prefill and decode that failed (sglang:num_transfer_failed_reqs_total, "
+        "sglang:num_bootstrap_failed_reqs_total, vllm:nixl_num_failed_transfers_total)",
+    )
+    kv_transfer_bytes: float | None = counter(
+        "llmgpu_engine_kv_transfer_bytes_total",
+        "Bytes of KV cache the connector moved between prefill and decode (vllm:nixl_bytes_transferred_sum)",
+    )
+    kv_transfer: Histogram | None = histogram(
+        "llmgpu_engine_kv_transfer_seconds",
+        "Duration of KV-cache transfers between prefill and decode, in the connector's buckets "
+        "(vllm:nixl_xfer_time_seconds)",
+    )
     cache_config: dict[str, str] | None = info(
         "llmgpu_engine_cache_config_info",
         "The engine's KV-cache configuration: block size, GPU blocks, gpu_memory_utilization "
@@ -201,6 +225,17 @@ class EngineSeries:
         "llmgpu_engine_spec_decode_acceptance_ratio",
         "Accepted over proposed draft tokens in the last minute (derived; sglang:spec_accept_rate "
         "as reported)",
+    )
+    kv_transfer_latency_seconds: float | None = gauge(
+        "llmgpu_engine_kv_transfer_latency_seconds",
+        "Time one request's KV cache takes to move from prefill to decode: the mean over the last "
+        "minute (vllm:nixl_xfer_time_seconds), else as reported (sglang:kv_transfer_latency_ms, "
+        "prefill side)",
+    )
+    kv_transfer_speed_bytes_per_second: float | None = gauge(
+        "llmgpu_engine_kv_transfer_speed_bytes_per_second",
+        "KV-cache transfer speed: bytes over transfer time in the last minute (vllm:nixl_bytes_transferred, "
+        "vllm:nixl_xfer_time_seconds), else as reported (sglang:kv_transfer_speed_gb_s, prefill side)",
     )
     latency_quantiles: tuple[LatencyQuantile, ...] = nested(LatencyQuantile)
 

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 DISCOVERY_S = 30.0  # seconds between discovery rounds
 TREE_REFRESH_S = 15.0  # seconds between re-reads of an engine's process tree
 GRACE_S = 600.0  # a discovered target that vanished is kept (up=0) this long
+MIN_WAIT_S = 0.05  # the shortest wait between two scrapes of one target, in wall seconds
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,11 @@ class EngineScraper:
         static: Iterable[Target] = (),
         discoverers: Sequence[Discoverer] = (),
         clock: Callable[[], float] = time.time,
+        pace: float = 1.0,  # wall seconds per second of `clock` (1/speed in a simulation)
     ) -> None:
         self.config = config
         self.clock = clock
+        self.pace = pace
         self._discoverers = tuple(discoverers)
         self._lock = threading.Lock()
         self._states: dict[str, _State] = {}
@@ -391,8 +394,10 @@ class EngineScraper:
                 return
             started = time.monotonic()
             await self._scrape(state, client)
-            interval = state.target.interval_s or self.config.interval_s
-            await _wait(self._stopping, max(interval - (time.monotonic() - started), 0.05))
+            # an interval is seconds of `clock`: a scenario played fast is scraped as often
+            # in its own time as a real engine is
+            interval = (state.target.interval_s or self.config.interval_s) * self.pace
+            await _wait(self._stopping, max(interval - (time.monotonic() - started), MIN_WAIT_S))
 
 
 async def _wait(event: asyncio.Event, seconds: float | None) -> None:
@@ -459,6 +464,10 @@ def _series(kind: str, key: SeriesKey, raw: Raw, history: ScrapeWindow) -> Engin
         queue=raw.hists.get("queue"),
         prefill=raw.hists.get("prefill"),
         decode=raw.hists.get("decode"),
+        disagg_queue_requests=_opt(raw.maps.get("disagg_queue_requests")),
+        kv_transfer_failures=v.get("kv_transfer_failures"),
+        kv_transfer_bytes=v.get("kv_transfer_bytes"),
+        kv_transfer=raw.hists.get("kv_transfer"),
         cache_config=dict(raw.cache_config) if raw.cache_config else None,
         prompt_tokens_per_second=d.prompt_tokens_per_second,
         generation_tokens_per_second=d.generation_tokens_per_second,
@@ -466,6 +475,8 @@ def _series(kind: str, key: SeriesKey, raw: Raw, history: ScrapeWindow) -> Engin
         preemptions_per_second=d.preemptions_per_second,
         prefix_cache_hit_ratio=d.prefix_cache_hit_ratio,
         spec_decode_acceptance_ratio=d.spec_decode_acceptance_ratio,
+        kv_transfer_latency_seconds=d.kv_transfer_latency_seconds,
+        kv_transfer_speed_bytes_per_second=d.kv_transfer_speed_bytes_per_second,
         latency_quantiles=d.latency_quantiles,
     )
 

@@ -1,17 +1,20 @@
-"""Simulated inference engines: loopback HTTP servers that speak vLLM 0.32's /metrics.
+"""Simulated inference engines: loopback HTTP servers that speak vLLM's, SGLang's or TGI's /metrics.
 
 Each engine of a scenario gets a server on 127.0.0.1 (port 0, so the kernel picks
 one). Every request renders the page from the scenario timeline at that instant, so
 the fake GPUs (fakenvml) and the fake engines tell one story, and the exporter reads
-them with the same scraper and parser it uses on a real vLLM.
+them with the same scraper and parser it uses on a real engine. The engine's `kind`
+picks the page (sim/engine_pages.py names and labels everything as that engine does).
 
 - Gauges are the timeline's values (running, waiting, kv_usage).
 - Counters are integrals of the timeline's rates; where a counter is a rate times a
   ratio (cached tokens, accepted draft tokens, errors), the product is integrated.
-- Histograms keep vLLM's bucket bounds. Observations arrive at the request rate (the
-  token rate for inter-token latency) and fall into buckets by a log-normal law whose
-  median is the timeline's value (ttft_s, itl_s, e2e_s, queue_s) and, for the
-  inter-token latency, whose p99/p50 is itl_jitter.
+- Histograms keep each engine's bucket bounds. Observations arrive at the request rate
+  (the token rate for vLLM's and SGLang's inter-token latency, the transfer rate for KV
+  transfers) and fall into buckets by a log-normal law whose median is the timeline's
+  value (ttft_s, itl_s, e2e_s, queue_s, kv_transfer_s) and, for the inter-token
+  latency, whose p99/p50 is itl_jitter. TGI's token-length histograms have the mean
+  prompt and output length, so their sums grow at prompt_tps and gen_tps.
 - An active `engine_down` fault answers 503, or drops the connection without an
   answer when the fault's `error` is "refuse". One that ends is a restart: from its end
   the counters and histograms start again from zero, as a new process' do.
@@ -23,87 +26,16 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from exporter.sim.engine_pages import Instant, histograms_of, write
 from exporter.sim.scenario import EngineSpec, Timeline
 
-# vLLM 0.32's bucket bounds (vllm/v1/metrics/loggers.py), +Inf added by the renderer.
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-ITL_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-REQUEST_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
 Z99 = 2.3263478740408408  # standard normal 0.99 quantile
 TTFT_SIGMA = 0.35  # log-normal spread of TTFT and request phases (p99/p50 about 2.3)
-# The context length the simulated engines are started with (scenarios cannot set it):
-# vLLM's kv_cache_max_concurrency is the KV cache's tokens over it.
-SIM_MAX_MODEL_LEN = 32768
 MAX_STEPS = 400  # integration sub-steps per render, whatever the time since the last
 
 
@@ -117,7 +49,7 @@ def lognormal_cdf(x: float, median: float, sigma: float) -> float:
 
 @dataclass(frozen=True)
 class _Hist:
-    name: str
+    key: str  # the law's key in engine_pages.HISTOGRAMS
     bounds: tuple[float, ...]
     rate: Callable[[float], float]  # observations per second at t
     median: Callable[[float], float]
@@ -161,7 +93,7 @@ class SimEngine:
         self.timeline = timeline
         self.spec = spec
         self.name = spec.name
-        self.kind = "vllm"  # the page is vLLM's whatever the scenario calls the engine
+        self.kind = spec.kind
         self.pids = tuple(sorted(timeline.scenario.engine_pids(spec.name).values()))
         self._lock = threading.Lock()
         self._spec_decode = _sets(timeline, spec.name, "spec_draft_tps")
@@ -172,7 +104,7 @@ class SimEngine:
             "counters": lambda t: tuple(f(t) for f in counters.values())
         }
         for h in self._hists:
-            fns[h.name] = _rates(h)
+            fns[h.key] = _rates(h)
         self._counter_names = tuple(counters)
         self._integrals = _Integrals(fns)
         self._baselines: dict[float, dict[str, list[float]]] = {}  # restart time -> integrals then
@@ -226,42 +158,50 @@ class SimEngine:
             "api_cpu": v("api_cpu"),
             "flops": v("flops_per_gpu"),
             "read_bytes": v("read_bytes_per_gpu"),
+            "kv_failures": v("kv_transfer_failure_rate"),
         }
 
     def _histograms(self) -> list[_Hist]:
+        """The laws of the histograms this engine's page carries, on its kind's bounds."""
         v = self._v
         req, gen = v("request_rate"), v("gen_tps")
         ttft, itl, jitter, e2e, queue = v("ttft_s"), v("itl_s"), v("itl_jitter"), v("e2e_s"), v("queue_s")
+        transfer = v("kv_transfer_s")
+        pulls = req if self.spec.role == "decode" else (lambda t: 0.0)  # vLLM: the decode side pulls
+        spread = math.exp(TTFT_SIGMA**2 / 2)  # a log-normal's mean over its median
 
         def const(x: float) -> Callable[[float], float]:
             return lambda t: x
 
-        return [
-            _Hist("time_to_first_token_seconds", TTFT_BUCKETS, req, ttft, const(TTFT_SIGMA)),
-            _Hist(
-                "inter_token_latency_seconds",
-                ITL_BUCKETS,
-                gen,
-                itl,
-                lambda t: max(math.log(max(jitter(t), 1.0001)) / Z99, 1e-3),
-            ),
-            _Hist("e2e_request_latency_seconds", REQUEST_BUCKETS, req, e2e, const(TTFT_SIGMA)),
-            _Hist("request_queue_time_seconds", REQUEST_BUCKETS, req, queue, const(TTFT_SIGMA)),
-            _Hist(
-                "request_prefill_time_seconds",
-                REQUEST_BUCKETS,
-                req,
-                lambda t: max(ttft(t) - queue(t), 1e-4),
-                const(TTFT_SIGMA),
-            ),
-            _Hist(
-                "request_decode_time_seconds",
-                REQUEST_BUCKETS,
-                req,
-                lambda t: max(e2e(t) - ttft(t), 1e-4),
-                const(TTFT_SIGMA),
-            ),
-        ]
+        def per_request(tps: Callable[[float], float]) -> Callable[[float], float]:
+            return lambda t: tps(t) / req(t) / spread if req(t) > 0 else 0.0
+
+        def steps(t: float) -> float:  # decode steps per second: each yields a token per sequence
+            running = v("running")(t)
+            return gen(t) / running if running > 0 else 0.0
+
+        def itl_sigma(t: float) -> float:
+            return max(math.log(max(jitter(t), 1.0001)) / Z99, 1e-3)
+
+        s = const(TTFT_SIGMA)
+        laws: dict[
+            str, tuple[Callable[[float], float], Callable[[float], float], Callable[[float], float]]
+        ] = {
+            "ttft": (req, ttft, s),
+            "itl": (gen, itl, itl_sigma),
+            "itl_mean": (req, itl, itl_sigma),
+            "e2e": (req, e2e, s),
+            "queue": (req, queue, s),
+            "prefill": (req, lambda t: max(ttft(t) - queue(t), 1e-4), s),
+            "decode": (req, lambda t: max(e2e(t) - ttft(t), 1e-4), s),
+            "kv_transfer": (pulls, transfer, s),
+            "kv_bytes": (pulls, lambda t: v("kv_transfer_gbps")(t) * 1e9 * transfer(t), s),
+            "prompt_len": (req, per_request(v("prompt_tps")), s),
+            "gen_len": (req, per_request(gen), s),
+            "batch_prefill": (req, lambda t: max(ttft(t) - queue(t), 1e-4), s),
+            "batch_decode": (steps, itl, itl_sigma),
+        }
+        return [_Hist(key, bounds, *laws[key]) for key, (_, bounds) in histograms_of(self.spec).items()]
 
     def down(self) -> str | None:
         """'refuse' or '503' while an engine_down fault for this engine is active."""
@@ -295,161 +235,17 @@ class SimEngine:
     def render(self, t: float | None = None) -> str:
         t = self.timeline.now() if t is None else t
         integrals = self._since_restart(t)
-        acc = dict(zip(self._counter_names, integrals["counters"], strict=True))
-        name, spec = self.name, self.spec
-        model = _esc(spec.model)
-        labels = f'engine="0",model_name="{model}"'
-        g = self.timeline.engine
-        out: list[str] = []
-
-        def metric(metric_name: str, kind: str, help_text: str, rows: Sequence[tuple[str, float]]) -> None:
-            out.append(f"# HELP vllm:{metric_name} {help_text}")
-            out.append(f"# TYPE vllm:{metric_name} {kind}")
-            for lbl, value in rows:
-                out.append(f"vllm:{metric_name}{{{lbl}}} {_num(value)}")
-
-        running, waiting = max(g(name, "running", t), 0.0), max(g(name, "waiting", t), 0.0)
-        metric(
-            "num_requests_running",
-            "gauge",
-            "Number of requests in model execution batches.",
-            [(labels, round(running))],
-        )
-        metric(
-            "num_requests_waiting",
-            "gauge",
-            "Number of requests waiting to be processed.",
-            [(labels, round(waiting))],
-        )
-        metric(
-            "num_requests_waiting_by_reason",
-            "gauge",
-            "Number of waiting requests by reason.",
-            [(f'{labels},reason="capacity"', round(waiting)), (f'{labels},reason="deferred"', 0)],
-        )
-        metric(
-            "kv_cache_usage_perc",
-            "gauge",
-            "KV-cache usage. 1 means 100 percent usage.",
-            [(labels, min(max(g(name, "kv_usage", t), 0.0), 1.0))],
-        )
-        metric(
-            "prefix_cache_queries_total",
-            "counter",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            [(labels, acc["prompt"])],
-        )
-        metric(
-            "prefix_cache_hits_total",
-            "counter",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            [(labels, acc["cached"])],
-        )
-        metric(
-            "num_preemptions_total",
-            "counter",
-            "Cumulative number of preemption from the engine.",
-            [(labels, acc["preemptions"])],
-        )
-        metric(
-            "prompt_tokens_total", "counter", "Number of prefill tokens processed.", [(labels, acc["prompt"])]
-        )
-        metric(
-            "prompt_tokens_cached_total",
-            "counter",
-            "Number of cached prompt tokens (local + external).",
-            [(labels, acc["cached"])],
-        )
-        metric(
-            "generation_tokens_total",
-            "counter",
-            "Number of generation tokens processed.",
-            [(labels, acc["generation"])],
-        )
-        ok = acc["ok"]
-        model = _esc(spec.model)
-        metric(
-            "request_success_total",
-            "counter",
-            "Count of successfully processed requests.",
-            [
-                (f'engine="0",finished_reason="{reason}",model_name="{model}"', value)
-                for reason, value in (
-                    ("stop", ok * 0.8),
-                    ("length", ok * 0.2),
-                    ("abort", 0.0),
-                    ("error", acc["errors"]),
-                    ("repetition", 0.0),
-                )
-            ],
-        )
-        metric(
-            "admission_rejections_total",
-            "counter",
-            "Number of admission attempts rejected by a queue limit, by reason.",
-            [
-                (f'model_name="{model}",reason="max_num_queued_reqs"', acc["rejections"]),
-                (f'model_name="{model}",reason="max_num_queued_tokens"', 0.0),
-            ],
-        )
-        if self._estimates:
-            metric(
-                "estimated_flops_per_gpu_total",
-                "counter",
-                "Estimated number of floating point operations per GPU (for Model Flops Utilization).",
-                [(labels, acc["flops"])],
+        name = self.name
+        return write(
+            Instant(
+                spec=self.spec,
+                value=lambda key: max(self.timeline.engine(name, key, t), 0.0),
+                acc=dict(zip(self._counter_names, integrals["counters"], strict=True)),
+                hists={h.key: integrals[h.key] for h in self._hists},
+                spec_decode=self._spec_decode,
+                estimates=self._estimates,
             )
-            metric(
-                "estimated_read_bytes_per_gpu_total",
-                "counter",
-                "Estimated number of bytes read from memory per GPU (for Model Bandwidth Utilization).",
-                [(labels, acc["read_bytes"])],
-            )
-        if self._spec_decode:
-            metric(
-                "spec_decode_num_draft_tokens_total",
-                "counter",
-                "Number of draft tokens.",
-                [(labels, acc["draft"])],
-            )
-            metric(
-                "spec_decode_num_accepted_tokens_total",
-                "counter",
-                "Number of accepted tokens.",
-                [(labels, acc["accepted"])],
-            )
-        for h in self._hists:
-            count, total, *buckets = integrals[h.name]
-            out.append(f"# HELP vllm:{h.name} Histogram of {h.name.replace('_', ' ')}.")
-            out.append(f"# TYPE vllm:{h.name} histogram")
-            head = f'vllm:{h.name}_bucket{{engine="0",le='
-            tail = f',model_name="{model}"}}'
-            whole = math.floor(count)  # observations are whole requests, as on a real server
-            for bound, value in zip(h.bounds, buckets, strict=True):
-                out.append(f'{head}"{_num(bound)}"{tail} {_num(math.floor(min(value, count)))}')
-            out.append(f'{head}"+Inf"{tail} {_num(whole)}')
-            out.append(f"vllm:{h.name}_count{{{labels}}} {_num(whole)}")
-            out.append(f"vllm:{h.name}_sum{{{labels}}} {_num(total)}")
-        cfg = {
-            "block_size": str(spec.block_size),
-            "cache_dtype": "auto",
-            "enable_prefix_caching": "True",
-            "engine": "0",
-            "gpu_memory_utilization": repr(spec.gpu_memory_utilization),
-            "num_gpu_blocks": str(spec.num_gpu_blocks),
-            "kv_cache_size_tokens": str(spec.num_gpu_blocks * spec.block_size),
-            "kv_cache_max_concurrency": repr(spec.num_gpu_blocks * spec.block_size / SIM_MAX_MODEL_LEN),
-            "num_cpu_blocks": "None",
-        }
-        out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
-        out.append("# TYPE vllm:cache_config_info gauge")
-        out.append(
-            "vllm:cache_config_info{" + ",".join(f'{k}="{v}"' for k, v in sorted(cfg.items())) + "} 1.0"
         )
-        out.append("# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.")
-        out.append("# TYPE process_cpu_seconds_total counter")
-        out.append(f"process_cpu_seconds_total {_num(acc['api_cpu'])}")
-        return "\n".join(out) + "\n"
 
 
 def _sets(timeline: Timeline, engine: str, key: str) -> bool:
@@ -471,14 +267,6 @@ def _rates(h: _Hist) -> Callable[[float], tuple[float, ...]]:
         return (rate, rate * mean, *(rate * lognormal_cdf(b, median, sigma) for b in h.bounds))
 
     return rates
-
-
-def _num(x: float) -> str:
-    return repr(float(x))
-
-
-def _esc(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _handler(engine: SimEngine) -> type[BaseHTTPRequestHandler]:

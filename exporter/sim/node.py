@@ -54,6 +54,7 @@ def environment(settings: Settings, scenario_clock: Callable[[], float] | None =
         settings,
         sysfs=lib.sysfs,
         clock=lambda: epoch + timeline.now(),  # scenario time on the epoch
+        pace=1.0 / timeline.speed if scenario_clock is None else 1.0,
         enrichers=(simulation_status(timeline, epoch),),
         simulated=True,
         closers=[fakenvml.uninstall],
@@ -67,7 +68,7 @@ def environment(settings: Settings, scenario_clock: Callable[[], float] | None =
             env.closers.append(probes.stop)
             added["probe_dir"] = probes.directory
             if scenario_clock is None:
-                probes.start()
+                probes.start(pace=1.0 / timeline.speed)
             else:
                 env.before_step = probes.write
         if scenario.engines:

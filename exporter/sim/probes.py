@@ -108,13 +108,14 @@ class SimProbes:
             os.replace(tmp, os.path.join(self.directory, name))
         return len(reports)
 
-    def start(self, interval_s: float = INTERVAL_S) -> None:
-        """Keep the files current in real time (a served simulation)."""
+    def start(self, interval_s: float = INTERVAL_S, pace: float = 1.0) -> None:
+        """Keep the files current in real time (a served simulation), every `interval_s` of
+        scenario time (`pace` wall seconds each)."""
 
         def loop() -> None:
             while not self._stop.is_set():
                 self.write()
-                self._stop.wait(interval_s)
+                self._stop.wait(interval_s * pace)
 
         self.write()
         self._thread = threading.Thread(target=loop, name="sim-probes", daemon=True)

@@ -24,6 +24,7 @@ import yaml
 from exporter.nvml import FI_MEMORY_TEMP
 from exporter.sim.dcgm_spec import DcgmExporterSpec, parse_spec
 from exporter.sim.drivers import NO_QUIRKS, PARTS, DriverProfile
+from exporter.sim.engine_keys import ENGINE_KEYS, KINDS, NOT_ON_PAGE, ROLES
 from exporter.sim.gpu_models import MODELS, POWER_LIMIT_MIN_RATIO, GpuModel
 from exporter.sim.recorded_gpus import identities, inline_model, recorded_driver
 from exporter.sim.scenario_input import (
@@ -87,39 +88,6 @@ GPU_KEYS: dict[str, float] = {
     "remap_failed": 0.0,
 }
 
-# Per-engine quantities a phase may set; the simulated engines read them.
-ENGINE_KEYS: dict[str, float] = {
-    "request_rate": 0.0,  # offered requests per second
-    "running": 0.0,
-    "waiting": 0.0,
-    "kv_usage": 0.0,  # ratio
-    "preemption_rate": 0.0,
-    "prompt_tps": 0.0,  # prompt tokens per second
-    "gen_tps": 0.0,  # generated tokens per second
-    "prefix_hit_ratio": 0.0,
-    "spec_accept_ratio": 0.0,  # 0 = no speculative decoding
-    "spec_draft_tps": 0.0,
-    "ttft_s": 0.05,  # median time to first token
-    "itl_s": 0.02,  # median inter-token latency
-    "itl_jitter": 2.0,  # p99 / p50 of the inter-token latency
-    "e2e_s": 1.0,
-    "queue_s": 0.0,
-    "api_cpu": 0.2,  # API-server process CPU, one core = 1
-    "error_ratio": 0.0,  # fraction of requests that fail
-    "rejection_rate": 0.0,  # admissions refused per second
-    # the engine's own FLOP and byte estimates (vLLM's estimated_*_per_gpu_total): per GPU
-    # per second; the page carries them only when a phase sets one
-    "flops_per_gpu": 0.0,
-    "read_bytes_per_gpu": 0.0,
-    # PyTorch caching allocator of each worker, written as allocator probe files
-    # (exporter/sim/probes.py) only when a phase sets alloc_reserved_bytes
-    "alloc_reserved_bytes": 0.0,
-    "alloc_free_bytes": 0.0,  # free inside the reserved segments
-    "alloc_largest_free_bytes": 0.0,  # the largest free block among them
-    "alloc_retry_rate": 0.0,  # allocations retried after flushing the cache, per second
-    "alloc_oom_rate": 0.0,  # allocator out-of-memory errors per second
-}
-
 FAULT_KINDS = ("error", "hang", "lost", "xid", "engine_down")
 
 NVLINK_KEYS = tuple(k for k in GPU_KEYS if k.startswith("nvlink_"))
@@ -171,7 +139,8 @@ class EngineSpec:
     name: str
     model: str
     gpus: tuple[int, ...]
-    kind: str = "vllm"
+    kind: str = "vllm"  # KINDS: whose page it serves
+    role: str = "unified"  # ROLES: prefill/decode disaggregation
     block_size: int = 16
     num_gpu_blocks: int = 20000
     gpu_memory_utilization: float = 0.9
@@ -397,6 +366,7 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
         for n in p.engines:
             if n not in names:
                 raise fail(f"phases.{p.name}.engines.{n}", f"the name of a declared engine ({names})")
+    _check_on_page(phases, engines, where)
     prof = DriverProfile(driver, part, mig_monitor)
     label = model_name if isinstance(model_name, str) else gpu_model.name
     _check_provided(phases, gpu_model, label, prof, PROFILING_SOURCE_KEY in data, where)
@@ -468,6 +438,21 @@ def _check_provided(
                     )
 
 
+def _check_on_page(phases: tuple[Phase, ...], engines: tuple[EngineSpec, ...], where: str) -> None:
+    """Refuse an engine value that no page of the engines it is set for carries."""
+    kinds = {e.name: e.kind for e in engines}
+    for p in phases:
+        scopes = [("engine", p.engine, set(kinds.values()))]
+        scopes += [(f"engines.{n}", values, {kinds[n]}) for n, values in p.engines.items()]
+        for scope, values, of in scopes:
+            for key in values:
+                if of and all(key in NOT_ON_PAGE[k] for k in of):
+                    raise ScenarioError(
+                        f"{where}: 'phases.{p.name}.{scope}.{key}': the page of {'/'.join(sorted(of))} "
+                        "has no metric for it; remove it or pick an engine kind that reports it"
+                    )
+
+
 def _list(data: dict[str, Any], key: str, fail: Callable[[str, str], ScenarioError]) -> list[Any]:
     value = data.get(key, []) or []
     if not isinstance(value, list):
@@ -534,6 +519,11 @@ def _engine(raw: Any, i: int, fail: Callable[[str, str], ScenarioError], count: 
         not isinstance(numa, list) or not numa or not all(type(n) is int and 0 <= n < 1024 for n in numa)
     ):
         raise fail(f"engines.{raw['name']}.cpu_numa_nodes", "a list of NUMA node numbers")
+    kind, role = raw.get("kind", "vllm"), raw.get("role", "unified")
+    if kind not in KINDS:
+        raise fail(f"engines.{raw['name']}.kind", f"one of {', '.join(KINDS)}")
+    if role not in ROLES or (role != "unified" and kind == "tgi"):
+        raise fail(f"engines.{raw['name']}.role", f"one of {', '.join(ROLES)} (TGI: unified only)")
 
     def size(key: str, default: float, lo: float, hi: float, integer: bool = True) -> float:
         what = f"{'an integer' if integer else 'a number'} from {lo:g} to {hi:g}"
@@ -545,7 +535,8 @@ def _engine(raw: Any, i: int, fail: Callable[[str, str], ScenarioError], count: 
         name=str(raw["name"]),
         model=str(raw.get("model", "meta-llama/Llama-3.1-8B-Instruct")),
         gpus=tuple(gpus),
-        kind=str(raw.get("kind", "vllm")),
+        kind=kind,
+        role=role,
         block_size=int(size("block_size", 16, 1, 4096)),
         num_gpu_blocks=int(size("num_gpu_blocks", 20000, 1, 1e9)),
         gpu_memory_utilization=size("gpu_memory_utilization", 0.9, 0.01, 1.0, integer=False),

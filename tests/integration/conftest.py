@@ -88,6 +88,8 @@ LAB2 = {
         "scheduler-bound",
         "small-batches",
         "spec-decode",
+        "pd-prefill-bound",
+        "pd-kv-transfer-slow",
     )
 }
 

@@ -11,6 +11,8 @@ import pytest
 from exporter.config import ConfigError, load
 from exporter.sim.scenario import ScenarioError, load_file, parse
 
+pytestmark = pytest.mark.slow  # plays scenarios or starts servers: `make unit` leaves it out
+
 
 def test_precedence_flags_env_file(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"

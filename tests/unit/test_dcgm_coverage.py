@@ -14,7 +14,7 @@ from exporter.diagnosis.coverage import RULE_SIGNALS, SIGNALS, blind_spots, page
 from exporter.diagnosis.frame import Frame
 from exporter.diagnosis.rules import RULES, RULES_BY_ID
 from exporter.web.page import render_page
-from tests.unit.test_diagnosis_builders import engine, frame, gpu, run_rule
+from tests.support.diagnosis_builders import engine, frame, gpu, run_rule
 
 A100 = "NVIDIA A100-SXM4-80GB"
 # a frame on which each profiling rule fires

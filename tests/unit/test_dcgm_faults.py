@@ -100,6 +100,7 @@ def test_a_dead_dcgm_exporter_is_remembered_only_max_age(faults) -> None:  # typ
     ("at", "reason"),
     [(305, "connection"), (405, "not_prometheus"), (505, "too_large"), (605, "timeout")],
 )
+@pytest.mark.slow
 def test_each_bad_answer_is_counted_by_reason(faults, at: float, reason: str) -> None:  # type: ignore[no-untyped-def]
     faults.at(at - 10)
     started = time.monotonic()
@@ -270,6 +271,7 @@ def _peak_rss_growth(run: Callable[[], object]) -> int:
     return (kib("VmHWM") - before) * 1024
 
 
+@pytest.mark.slow
 def test_a_compressed_dcgm_exporter_page_inflates_within_the_cap_or_is_refused() -> None:
     """The dcgm-exporter fetch is the engine one: a stacked-gzip page is refused unread, a
     gzip bomb is cut at the cap while it inflates, a gzip page is read."""

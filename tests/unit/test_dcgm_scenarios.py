@@ -26,6 +26,8 @@ from exporter.sim.scenario import builtin_names, load_builtin, load_file
 from exporter.snapshot import Snapshot
 from exporter.web.page import render_page
 
+pytestmark = pytest.mark.slow  # plays scenarios or starts servers: `make unit` leaves it out
+
 STEP_S = 10.0
 SCENARIOS = Path(__file__).resolve().parents[2] / "exporter" / "sim" / "scenarios"
 # (GPM scenario, GPU model without GPM); L4 stories are single-GPU ones (no NVLink for TP)

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_diagnosis_builders import T0, engine, frame, gpu
 
 from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.diagnosis.efficiency import efficiency, interpolate
 from exporter.diagnosis.frame import Frame
 from exporter.diagnosis.history import History
 from exporter.diagnosis.model import EngineEfficiencies
+from tests.support.diagnosis_builders import T0, engine, frame, gpu
 
 
 def serving(
@@ -124,3 +124,10 @@ def test_the_diagnoser_exports_the_figures_and_shows_them_on_the_engine_card() -
         d2.readings(f)
     assert d2.latest is not None
     assert "cost per million tokens" not in {n.name for n in d2.latest.engines[0].numbers}
+
+
+def test_an_engine_scraped_less_often_than_the_window_still_has_its_figures() -> None:
+    # scrapes 90 s apart, a 60 s window: the span reaches back to the scrape before
+    eff = run(serving(40, scrape_every=90.0, every=10.0))
+    assert eff.energy_per_token_joules == pytest.approx(1.0, rel=1e-9)
+    assert eff.span_s == 90.0  # 270 -> 360 s: the last scrape and the newest one 60 s older

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_diagnosis_builders import GIB, engine, frame, gpu
 
 from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.diagnosis.fmt import value_text
 from exporter.diagnosis.frame import AllocFrame
 from exporter.diagnosis.report import render_text
+from tests.support.diagnosis_builders import GIB, engine, frame, gpu
 
 
 def test_a_pid_reads_as_a_pid() -> None:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from test_diagnosis_builders import GIB, engine, frame, gpu, run_rule
-
 from exporter.diagnosis.frame import Frame
 from exporter.diagnosis.rules import RULES_BY_ID
 from exporter.diagnosis.thresholds import DEFAULT
+from tests.support.diagnosis_builders import GIB, engine, frame, gpu, run_rule
 
 RULE = RULES_BY_ID["memory/burst_headroom"]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_diagnosis_builders import GIB, engine, feed, frame, gpu
 
 from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.diagnosis.frame import AllocFrame, Frame, MigFrame
@@ -13,6 +12,7 @@ from exporter.diagnosis.history import History
 from exporter.diagnosis.model import OomRisk
 from exporter.diagnosis.oom import combine, oom_risks
 from exporter.diagnosis.thresholds import DEFAULT
+from tests.support.diagnosis_builders import GIB, engine, feed, frame, gpu
 
 TOTAL = 80.0 * GIB
 

@@ -7,7 +7,6 @@ from dataclasses import replace
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from test_diagnosis_builders import engine, feed, frame, gpu
 
 from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.diagnosis.model import Diagnosis
@@ -16,6 +15,7 @@ from exporter.snapshot import Snapshot
 from exporter.web.exposition import render
 from exporter.web.page import render_page
 from exporter.web.routes import router
+from tests.support.diagnosis_builders import engine, feed, frame, gpu
 
 
 def hot_node() -> Diagnoser:
@@ -24,7 +24,7 @@ def hot_node() -> Diagnoser:
         frame(
             i * 5.0,
             (replace(gpu(0), throttle_reasons=("sw_thermal",), temperature_celsius=91.0), gpu(1)),
-            (engine(gpus=(0, 1), kv_usage_ratio=0.99, preemptions_per_second=2.0, waiting=30.0),),
+            (engine(gpus=(0, 1), kv_usage_ratio=0.99, preemptions_total=10.0 * i, waiting=30.0),),
         )
         for i in range(40)
     ]
@@ -97,10 +97,8 @@ def test_report_and_exit_code() -> None:
 
 def test_page_is_self_contained_and_escapes() -> None:
     d = Diagnoser()
-    evil = engine(
-        gpus=(0,), name="<script>alert(1)</script>", kv_usage_ratio=0.99, preemptions_per_second=1.0
-    )
-    feed(d, [frame(i * 5.0, (gpu(0),), (evil,)) for i in range(20)])
+    evil = engine(gpus=(0,), name="<script>alert(1)</script>", kv_usage_ratio=0.99)
+    feed(d, [frame(i * 5.0, (gpu(0),), (replace(evil, preemptions_total=5.0 * i),)) for i in range(30)])
     assert d.latest is not None
     html = render_page(d.latest.to_json())
     assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)" in html

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_diagnosis_builders import engine, feed, frame, gpu
 
 from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.diagnosis.frame import Frame
@@ -14,6 +13,7 @@ from exporter.diagnosis.recovery import Uptime, advance
 from exporter.diagnosis.thresholds import DEFAULT
 from exporter.sim.engines import start_sim_engines
 from exporter.sim.scenario import Timeline, parse
+from tests.support.diagnosis_builders import engine, feed, frame, gpu
 
 
 def test_downtime_runs_from_the_first_down_sample_to_the_first_up_one() -> None:

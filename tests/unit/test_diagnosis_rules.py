@@ -6,11 +6,12 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from test_diagnosis_builders import GIB, engine, frame, gpu, run_rule
 
+from exporter.diagnosis.diagnoser import Diagnoser
 from exporter.diagnosis.frame import Frame
 from exporter.diagnosis.rules import RULES, RULES_BY_ID, knee_point
 from exporter.diagnosis.thresholds import DEFAULT
+from tests.support.diagnosis_builders import GIB, engine, feed, frame, gpu, run_rule
 
 TH = DEFAULT
 EPS = 1e-3
@@ -183,23 +184,49 @@ def test_low_mfu_mbu_edges() -> None:
 # ---- memory --------------------------------------------------------------------------
 
 
+def kv(usage: float, per_s: float) -> list[Frame]:
+    """A minute of frames whose preemption counter grows `per_s` a second."""
+    return [with_engine(t, kv_usage_ratio=usage, preemptions_total=per_s * t) for t in (0.0, 30.0, 60.0)]
+
+
 def test_kv_cache_saturated_edges() -> None:
     k, p = TH.kv_usage_min_ratio, TH.kv_preemptions_min_per_second
-    assert fires("memory/kv_cache_saturated", [with_engine(kv_usage_ratio=k, preemptions_per_second=p)])
-    assert not fires(
-        "memory/kv_cache_saturated", [with_engine(kv_usage_ratio=k - EPS, preemptions_per_second=5)]
-    )
-    assert not fires(
-        "memory/kv_cache_saturated", [with_engine(kv_usage_ratio=1.0, preemptions_per_second=p * 0.9)]
-    )
+    assert fires("memory/kv_cache_saturated", kv(k, p))
+    assert not fires("memory/kv_cache_saturated", kv(k - EPS, 5.0))
+    assert not fires("memory/kv_cache_saturated", kv(1.0, p * 0.9))
 
 
-def test_kv_preemption_rate_from_the_counter_when_no_rate_is_given() -> None:
+def test_kv_preemption_rate_is_the_counters_over_the_window_not_the_engines_gauge() -> None:
+    # the engine's own per-second gauge says nothing here; the counter grew 0.5/s
     frames = [
-        with_engine(t, kv_usage_ratio=0.99, preemptions_per_second=None, preemptions_total=t * 0.5)
+        with_engine(t, kv_usage_ratio=0.99, preemptions_per_second=0.0, preemptions_total=t * 0.5)
         for t in (0.0, 30.0, 60.0)
     ]
     assert fires("memory/kv_cache_saturated", frames)
+    # 30 preemptions in one burst 50 s ago still count over the minute's window
+    burst = [
+        with_engine(t, kv_usage_ratio=0.99, preemptions_total=0.0 if t < 10 else 30.0) for t in (0, 10, 60)
+    ]
+    assert fires("memory/kv_cache_saturated", burst)
+
+
+def test_a_counter_read_less_often_than_frames_are_made_is_rated_at_its_scrape_times() -> None:
+    # frames every 10 s, the engine scraped every 40 s: the counter moved 20 between scrapes
+    # at 0 and 40 (0.5/s), but frame times would stretch that over 0..70 (0.29/s) and
+    # squeeze it over 30..40
+    frames = []
+    for t in range(0, 80, 10):
+        scraped = float(t // 40 * 40)
+        frames.append(with_engine(float(t), scraped_at=scraped, rejected_total=scraped * 0.5))
+    from exporter.diagnosis.history import History
+
+    h = History(900.0)
+    for f in frames:
+        h.add(f)
+    target = frames[0].engines[0].target
+    assert h.engine_rate(target, lambda e: e.rejected_total, 60.0) == 0.5
+    # sparser than the window: the newest scrape at least the window old is the start
+    assert h.points(lambda f: (f.engines[0].scraped_at or 0.0, 0.0), 30.0) == [(0.0, 0.0), (40.0, 0.0)]
 
 
 def test_allocator_fragmentation_false_oom_shape() -> None:
@@ -444,7 +471,6 @@ def test_every_rule_is_declared_in_its_layer_module() -> None:
 
 
 def _finding_of(rule_id: str, frames: list[Frame]) -> Any:
-    from exporter.diagnosis.diagnoser import Diagnoser
 
     d = Diagnoser()
     for f in frames:
@@ -530,3 +556,22 @@ def test_kv_cache_leak_edges() -> None:
     # busy engines use their cache: no verdict
     assert not fires("memory/kv_cache_leak", [with_engine(running=1.0, waiting=0.0, kv_usage_ratio=0.9)])
     assert not fires("memory/kv_cache_leak", [with_engine(running=0.0, waiting=3.0, kv_usage_ratio=0.9)])
+
+
+def test_builders_make_a_quiet_node() -> None:
+    d = Diagnoser()
+    assert feed(d, [frame(i * 5.0, (gpu(0), gpu(1)), (engine(gpus=(0, 1)),)) for i in range(60)]) == set()
+
+
+def test_kv_and_admission_advice_names_the_engines_own_knobs() -> None:
+    def full(kind: str) -> list[Frame]:
+        return [
+            with_engine(t, kind=kind, kv_usage_ratio=0.99, preemptions_total=t) for t in (0.0, 30.0, 60.0)
+        ]
+
+    (vllm,) = run_rule(RULES_BY_ID["memory/kv_cache_saturated"], full("vllm"))
+    (sglang,) = run_rule(RULES_BY_ID["memory/kv_cache_saturated"], full("sglang"))
+    assert vllm.advice == "" and "--schedule-conservativeness" in sglang.advice
+    refusing = [with_engine(t, kind="tgi", rejected_total=t) for t in (0.0, 30.0, 60.0)]
+    (tgi,) = run_rule(RULES_BY_ID["scheduling/admission_rejections"], refusing)
+    assert "--max-concurrent-requests" in tgi.advice

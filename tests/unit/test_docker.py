@@ -30,6 +30,11 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.serve import served
+from tests.support.tls_pki import free_port, make_pki
+
+pytestmark = pytest.mark.slow  # plays scenarios or starts servers: `make unit` leaves it out
+
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -227,23 +232,12 @@ def test_healthcheck_refuses_a_bad_configuration_with_1() -> None:
 
 def test_healthcheck_follows_the_serve_flags_over_tls(tmp_path: Path) -> None:
     """A real exporter on another port with TLS: the check reads PID's flags and speaks https."""
-    tls_pki = pytest.importorskip("tls_pki")
-    tls_pki.make_pki(tmp_path)
+    make_pki(tmp_path)
     web = tmp_path / "web.yml"
     web.write_text("tls_server_config: {cert_file: server.crt, key_file: server.key}\n")
-    port = tls_pki.free_port()
-    serve = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "exporter.cli", "serve", "--simulate", "healthy"),
-            *("--listen", f"127.0.0.1:{port}", "--web-config-file", str(web), "--no-discover-processes"),
-        ],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert serve.stdout is not None and "serving https://" in serve.stdout.readline()
+    port = free_port()
+    with served(port, "--web-config-file", str(web)) as (serve, first):
+        assert "serving https://" in first
         deadline = time.monotonic() + 20  # the line is printed just before the socket opens
         while (checked := run_healthcheck({}, pid=serve.pid)).returncode != 0 and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -251,9 +245,6 @@ def test_healthcheck_follows_the_serve_flags_over_tls(tmp_path: Path) -> None:
         # What the old check did: plain HTTP to the default port. Both are wrong here.
         assert run_healthcheck({"LLMGPU_LISTEN": f"127.0.0.1:{port}"}).returncode == 1
         assert run_healthcheck({}).returncode == 1
-    finally:
-        serve.terminate()
-        serve.wait(timeout=20)
 
 
 LOCAL_DIRS = (".venv", ".cache", ".mypy_cache", ".pytest_cache", ".ruff_cache")

@@ -75,6 +75,12 @@ NAMES = {
     "llmgpu_engine_estimated_flops_per_gpu_total",
     "llmgpu_engine_estimated_read_bytes_per_gpu_total",
     "llmgpu_engine_gpu_memory_budget_bytes",
+    "llmgpu_engine_disagg_queue_requests",
+    "llmgpu_engine_kv_transfer_failures_total",
+    "llmgpu_engine_kv_transfer_bytes_total",
+    "llmgpu_engine_kv_transfer_seconds",
+    "llmgpu_engine_kv_transfer_latency_seconds",
+    "llmgpu_engine_kv_transfer_speed_bytes_per_second",
 }
 
 

@@ -238,6 +238,7 @@ def by_name(engines: Engines, names: dict[str, str]) -> dict[str, EngineTargetRe
     return out
 
 
+@pytest.mark.slow
 def test_every_bad_input_is_down_with_its_reason_and_the_good_one_keeps_working(
     servers: dict[str, Server],
 ) -> None:
@@ -283,6 +284,7 @@ def test_every_bad_input_is_down_with_its_reason_and_the_good_one_keeps_working(
     assert reasons[(names["good"], "timeout")] == 0, "every reason exported from 0 on"
 
 
+@pytest.mark.slow
 def test_memory_stays_bounded_on_the_50_mib_body_and_the_100k_series_page(
     servers: dict[str, Server],
 ) -> None:
@@ -463,6 +465,7 @@ def peak_rss_growth(run: Callable[[], object]) -> int:
 
 
 @pytest.mark.parametrize("name", list(BOMB_REASONS))
+@pytest.mark.slow
 def test_a_compressed_page_inflates_within_the_cap_or_is_refused(
     bombs: dict[str, tuple[str, bytes]], name: str
 ) -> None:
@@ -512,13 +515,14 @@ phases: [{name: p, duration: 100000, gpu: {util: 0.5}}]
 """
 
 
+@pytest.mark.slow
 def test_the_exporter_serves_on_while_an_engine_sends_bombs(sim, bombs) -> None:  # type: ignore[no-untyped-def]
     """A live exporter scraping a stacked-gzip and a gzip bomb twice a second: its peak RSS
     stays flat and every /metrics answers, with the refusals counted by reason."""
     import httpx
-    from tls_pki import live_server
 
     from exporter.web.server import create_app
+    from tests.support.tls_pki import live_server
 
     hostile = [Server(encoded(*bombs["gzip_gzip"])), Server(encoded(*bombs["gzip"]))]
     s = sim(

@@ -130,6 +130,7 @@ def test_local_discovery_finds_the_server_its_port_and_its_tree(
     assert process_tree.listener_of(port) == proc.pid
 
 
+@pytest.mark.slow
 def test_discovered_engine_is_scraped_with_its_pids_and_cpu_by_role(
     fake_vllm: tuple[subprocess.Popen[bytes], int],
 ) -> None:

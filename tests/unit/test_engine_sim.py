@@ -1,4 +1,4 @@
-"""Simulated engines: vLLM 0.32 pages from the scenario timeline, read by the real scraper."""
+"""Simulated engines: vLLM, SGLang and TGI pages from the scenario timeline, read by the real scraper."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from exporter.engines.readings import Engines, EngineSeries, EngineTargetReading
 from exporter.engines.scraper import EngineScraper, ScrapeConfig
 from exporter.engines.targets import parse_spec
 from exporter.sim.engines import SimEngine, start_sim_engines
-from exporter.sim.scenario import SIM_PID_BASE, Timeline, builtin_names, load_builtin, parse
+from exporter.sim.scenario import SIM_PID_BASE, ScenarioError, Timeline, builtin_names, load_builtin, parse
+
+pytestmark = pytest.mark.slow  # plays scenarios or starts servers: `make unit` leaves it out
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "tests" / "fixtures" / "vllm" / "vllm-0.32-cpu-loaded.txt"
@@ -229,3 +231,169 @@ def test_the_collector_steps_without_a_thread(sim: tuple[Clock, Timeline, SimEng
     (t,) = engines.targets
     assert t.up and series(t).generation_tokens_per_second == pytest.approx(900, rel=1e-6)
     assert out.errors == {}
+
+
+FIXTURES = ROOT / "tests" / "fixtures" / "engines"
+
+
+def of_kind(kind: str, role: str = "unified", values: dict[str, float] | None = None) -> dict[str, object]:
+    data = scenario()
+    engine = data["engines"][0]  # type: ignore[index]
+    engine.update(kind=kind, role=role)
+    phase = data["phases"][0]["engine"]  # type: ignore[index]
+    for key in ("api_cpu", "rejection_rate") if kind == "sglang" else ():
+        del phase[key]
+    if kind == "tgi":
+        for key in ("api_cpu", "preemption_rate", "prefix_hit_ratio", "spec_draft_tps", "spec_accept_ratio"):
+            del phase[key]
+        del phase["ttft_s"]
+    phase.update(values or {})
+    return data
+
+
+def scraped(data: dict[str, object], until: int = 600) -> tuple[EngineTargetReading, str]:
+    clock = Clock()
+    (engine,) = start_sim_engines(Timeline(parse(data), clock=clock))
+    try:
+        scraper = EngineScraper(ScrapeConfig(), [parse_spec(engine.target_spec)], clock=clock)
+        return step(scraper, clock, range(0, until + 1, 15)), engine.render(float(until))
+    finally:
+        engine.stop()
+
+
+def shapes(text: str, prefix: str) -> dict[str, frozenset[str]]:
+    return {
+        s.name: frozenset(s.labels)
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name.startswith(prefix)
+    }
+
+
+@pytest.mark.parametrize(
+    ("kind", "fixture", "prefix"),
+    [("sglang", "sglang-0.5-tp2.txt", "sglang:"), ("tgi", "tgi-3.0-router.txt", "tgi_")],
+)
+def test_each_kind_serves_its_engines_names_and_label_sets(kind: str, fixture: str, prefix: str) -> None:
+    t, page = scraped(of_kind(kind))
+    assert t.kind == kind and t.up
+    ours, real = shapes(page, prefix), shapes((FIXTURES / fixture).read_text(), prefix)
+    assert set(real) <= set(ours), sorted(set(real) - set(ours))
+    for name in real:
+        if name.startswith("sglang:queue_time_seconds"):
+            # current SGLang observes it in the scheduler (SchedulerMetricsCollector.queue_time),
+            # with the scheduler's labels; the fixture has it with the tokenizer's
+            assert ours[name] >= real[name], name
+            continue
+        # SGLang's schedulers label moe_ep_rank as well in current releases
+        assert ours[name] - {"moe_ep_rank"} == real[name], name
+    assert "vllm:" not in page and "process_cpu_seconds_total" not in page
+
+
+def test_a_simulated_sglang_reads_like_the_timeline() -> None:
+    t, page = scraped(of_kind("sglang"))
+    s = series(t)
+    assert (s.engine, s.model, s.requests_running, s.requests_waiting, s.kv_cache_usage_ratio) == (
+        "sglang",
+        "m",
+        20,
+        3,
+        0.6,
+    )
+    assert s.prompt_tokens_per_second == pytest.approx(3000, rel=1e-6)
+    assert s.generation_tokens_per_second == pytest.approx(900, rel=1e-6)
+    assert s.preemptions_per_second == pytest.approx(0.5, rel=1e-6)  # num_retracted_requests_total
+    assert s.request_rate_per_second == pytest.approx(5.0, rel=1e-3)
+    assert s.prefix_cache_hit_ratio == pytest.approx(0.25)  # cache_hit_rate, as reported
+    assert s.spec_decode_acceptance_ratio == pytest.approx(0.7)  # spec_accept_rate, as reported
+    assert s.cache_config == {"max_total_num_tokens": str(1234 * 16)}
+    assert 0.1 < (s.quantile("ttft", 0.5) or 0) <= 0.2  # ttft_s 0.12 in SGLang's buckets
+    assert 0.025 < (s.quantile("itl", 0.5) or 0) <= 0.03
+    # every tensor-parallel rank speaks; the normalizer reads rank 0 once
+    assert page.count('sglang:num_running_reqs{model_name="m",engine_type="unified"') == 2
+    # 1 + accepted drafts per step: 600 drafts x 0.7 accepted per 900 generated tokens
+    (accept_length,) = {
+        float(line.rsplit(" ", 1)[1])
+        for line in page.splitlines()
+        if line.startswith("sglang:spec_accept_length{")
+    }
+    assert accept_length == pytest.approx(1 / (1 - 600 * 0.7 / 900))
+
+
+def test_a_simulated_tgi_reads_like_the_timeline() -> None:
+    t, _ = scraped(of_kind("tgi"))
+    s = series(t)
+    assert (s.engine, s.model, s.requests_running, s.requests_waiting) == ("tgi", None, 20, 3)
+    assert s.kv_cache_usage_ratio is None and s.preemptions_per_second is None and s.ttft is None
+    # token sums grow at the timeline's token rates; arrivals count the refused too
+    assert s.prompt_tokens_per_second == pytest.approx(3000, rel=1e-6)
+    assert s.generation_tokens_per_second == pytest.approx(900, rel=1e-6)
+    assert s.request_rate_per_second == pytest.approx(5.2, rel=1e-3)
+    assert s.requests is not None and s.requests["success"] == pytest.approx(3000, abs=1)
+    assert 0.025 < (s.quantile("itl", 0.5) or 0) <= 0.035  # itl_s 0.03 in the router's 1.5x buckets
+
+
+@pytest.mark.parametrize(
+    ("engine", "values", "message"),
+    [
+        ({"kind": "trtllm"}, {}, "kind' must be one of vllm, sglang, tgi"),
+        ({"kind": "tgi", "role": "prefill"}, {}, "role' must be one of"),
+        ({"role": "both"}, {}, "role' must be one of"),
+        ({"kind": "tgi"}, {"ttft_s": 0.2}, "phases.p.engine.ttft_s': the page of tgi has no metric"),
+        ({"kind": "sglang"}, {"rejection_rate": 1}, "the page of sglang has no metric"),
+        ({}, {"decode_transfer_queue": 3}, "the page of vllm has no metric"),
+    ],
+)
+def test_a_scenario_is_refused_an_engine_its_page_cannot_show(
+    engine: dict[str, object], values: dict[str, float], message: str
+) -> None:
+    data = {
+        "engines": [{"name": "e", **engine}],
+        "phases": [{"name": "p", "duration": 60, "engine": values}],
+    }
+    with pytest.raises(ScenarioError, match=message):
+        parse(data)
+
+
+PREFILL = {
+    "kv_transfer_s": 0.4,
+    "kv_transfer_gbps": 5,
+    "prefill_bootstrap_queue": 7,
+    "prefill_inflight_queue": 3,
+    "kv_transfer_failure_rate": 0.1,
+}
+
+
+def test_a_disaggregated_sglang_reports_its_queues_and_transfers_on_its_own_side() -> None:
+    prefill = series(scraped(of_kind("sglang", "prefill", PREFILL))[0])
+    assert prefill.disagg_queue_requests == {"prefill_bootstrap": 7, "prefill_inflight": 3}
+    assert prefill.kv_transfer_latency_seconds == pytest.approx(0.4)  # kv_transfer_latency_ms / 1000
+    assert prefill.kv_transfer_speed_bytes_per_second == pytest.approx(5e9)  # kv_transfer_speed_gb_s
+    assert prefill.kv_transfer_failures == pytest.approx(0.1 * 600, rel=1e-6)
+    (decode_t, page) = scraped(
+        of_kind("sglang", "decode", {"decode_prealloc_queue": 2, "decode_transfer_queue": 4})
+    )
+    decode = series(decode_t)
+    assert decode.disagg_queue_requests == {"decode_prealloc": 2, "decode_transfer": 4}
+    assert decode.kv_transfer_latency_seconds is None  # the decode scheduler sets no transfer gauge
+    # SGLang exports every PD gauge in every mode, at 0 where the mode has no such queue
+    assert 'sglang:num_prefill_prealloc_queue_reqs{model_name="m",engine_type="decode"' in page
+    unified = series(scraped(of_kind("sglang"))[0])
+    assert unified.disagg_queue_requests is None and unified.kv_transfer_latency_seconds is None
+
+
+def test_a_disaggregated_vllm_reports_nixl_transfers_where_they_are_pulled() -> None:
+    values = {k: PREFILL[k] for k in ("kv_transfer_s", "kv_transfer_gbps", "kv_transfer_failure_rate")}
+    t, page = scraped(of_kind("vllm", "decode", values))
+    decode = series(t)
+    # the mean of the log-normal transfer law (median 0.4 s) over the last minute
+    assert decode.kv_transfer_latency_seconds == pytest.approx(0.4 * math.exp(0.35**2 / 2), rel=0.01)
+    assert decode.kv_transfer_speed_bytes_per_second == pytest.approx(5e9, rel=0.01)
+    assert decode.kv_transfer_failures == pytest.approx(60, rel=1e-6)
+    assert decode.kv_transfer is not None and decode.kv_transfer.count == pytest.approx(5 * 600, abs=1)
+    assert "vllm:nixl_xfer_time_seconds_bucket" in page and "vllm:nixl_num_failed_notifications_total" in page
+    prefill = series(scraped(of_kind("vllm", "prefill", values))[0])
+    assert prefill.kv_transfer is not None and prefill.kv_transfer.count == 0
+    assert prefill.kv_transfer_latency_seconds is None, "no transfer observed: no value, not 0"
+    _, plain = scraped(of_kind("vllm"))
+    assert "nixl" not in plain

@@ -16,6 +16,8 @@ from exporter.sim import node
 from exporter.snapshot import GpuUp, Snapshot
 from exporter.web.exposition import DEFAULT, EVERYTHING, Exposure, render
 
+pytestmark = pytest.mark.slow  # plays scenarios or starts servers: `make unit` leaves it out
+
 
 def _readings(snapshot: Snapshot) -> Iterator[tuple[object, Labels]]:
     for gpu in snapshot.gpus:

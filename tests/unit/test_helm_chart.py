@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # plays scenarios or starts servers: `make unit` leaves it out
+
 helm = pytest.importorskip("helm_python")
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 jsonschema = pytest.importorskip("jsonschema")

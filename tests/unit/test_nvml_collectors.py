@@ -176,6 +176,7 @@ faults:
     assert mem.used_bytes is not None and mem.reserved_bytes is None
 
 
+@pytest.mark.slow
 def test_xid_events_are_counted(sim) -> None:  # type: ignore[no-untyped-def]
     import time
 

@@ -83,6 +83,7 @@ PROFILES = [(model, driver) for model in MODELS for driver in DRIVERS]
 
 
 @pytest.mark.parametrize(("model", "driver"), PROFILES)
+@pytest.mark.slow
 def test_profile_conformance(sim, model: str, driver: str) -> None:  # type: ignore[no-untyped-def]
     s = sim(healthy(model, driver))
     lib = fakenvml.installed()

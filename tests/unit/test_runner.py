@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from exporter.collectors.base import Collector, Output
 from exporter.gpu_readings import Power, Utilization
 from exporter.runner import Runner
 from exporter.web.exposition import Exposure
+
+pytestmark = pytest.mark.slow  # plays scenarios or starts servers: `make unit` leaves it out
 
 HANG = """
 gpus: {count: 2, model: H100-80GB-SXM}

@@ -9,7 +9,8 @@ catch). The check is strict both ways:
 * the set of findings active at any time during the run equals `expect.findings`
   (nothing missing, nothing extra: healthy must produce none), and
 * all of them are still active when the scenario ends, so `llm-gpu-exporter diagnose
-  --simulate NAME` reports exactly the declared findings.
+  --simulate NAME` reports exactly the declared findings, and
+* none flaps: each fires once on its subject and stays (a storm in waves included).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from exporter.sim.probes import probed_engines
 from exporter.sim.scenario import Scenario, builtin_names, load_builtin
 from exporter.snapshot import Snapshot
 
+pytestmark = pytest.mark.slow  # plays scenarios or starts servers: `make unit` leaves it out
+
 STEP_S = 10.0
 REQUIRED = (
     "healthy",
@@ -38,12 +41,18 @@ REQUIRED = (
     "gpu-lost",
     "memory-leak",
     "mig",
+    # every engine kind, and disaggregated serving, played end to end
+    "sglang-retraction",
+    "tgi-overloaded",
+    "pd-prefill-bound",
+    "pd-kv-transfer-slow",
 )
 
 
 @dataclass
 class Played:
     ever: dict[str, float] = field(default_factory=dict)  # finding id -> scenario time it first fired
+    fired: dict[tuple[str, str, str], set[float]] = field(default_factory=dict)  # -> times it fired
     end: set[str] = field(default_factory=set)
     last: Diagnosis | None = None
     engines_seen: int = 0
@@ -82,6 +91,7 @@ def play(name: str, step_s: float = STEP_S) -> Played:
         t = round(snap.taken_at - start, 3)
         for f in d.findings:
             out.ever.setdefault(f.id, t)
+            out.fired.setdefault((f.id, *f.subject.key), set()).add(f.active_since)
         out.end = {f.id for f in d.findings}
         out.last = d
         out.engines_seen = max(out.engines_seen, len(d.engines))
@@ -113,3 +123,5 @@ def test_scenario_produces_exactly_its_declared_findings(name: str) -> None:
         f"{name}: missing {sorted(missing)}, unexpected {sorted(extra)} (first fired at {played.ever})"
     )
     assert played.end == expected, f"{name}: active at the end {sorted(played.end)}"
+    flapped = {k: len(v) for k, v in played.fired.items() if len(v) > 1}
+    assert not flapped, f"{name}: fired more than once {flapped}"

@@ -23,6 +23,8 @@ from exporter.gpu_readings import Clocks, Ecc, Memory, Pcie, Power, Processes
 from exporter.selfcheck import EXIT_NO_DRIVER
 from exporter.snapshot import Snapshot
 
+pytestmark = pytest.mark.slow  # plays scenarios or starts servers: `make unit` leaves it out
+
 MIB = 1024 * 1024
 ARGS = ["selfcheck", "--simulate", "healthy", "--interval", "0.2", "--xid-seconds", "0.3"]
 

@@ -53,6 +53,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("name", "source", "i"), CASES)
+@pytest.mark.slow
 def test_hostile_values_exit_2_with_one_line(
     name: str,
     source: str,
@@ -138,6 +139,7 @@ def _scenario_cli(path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_a_binary_scenario_file_exits_2_with_one_line(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_bytes(b"\x00\xff\xfe\x89PNG\r\n")
@@ -199,6 +201,7 @@ def test_a_binary_scenario_file_exits_2_with_one_line(tmp_path: Path) -> None:
         ("[" * 100_000, "nested too deeply"),
     ],
 )
+@pytest.mark.slow
 def test_scenario_numbers_are_finite_and_in_range(tmp_path: Path, text: str, message: str) -> None:
     from exporter.sim.scenario import ScenarioError, load_file
 

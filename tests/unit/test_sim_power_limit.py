@@ -14,6 +14,8 @@ from exporter.config import Settings
 from exporter.sim import fakenvml, node
 from exporter.sim.scenario import ScenarioError, Timeline, builtin_names, load_builtin, parse
 
+pytestmark = pytest.mark.slow  # plays scenarios or starts servers: `make unit` leaves it out
+
 POWER_ONLY = tuple(name for name in base.REGISTRY if name not in ("power", "device"))
 
 

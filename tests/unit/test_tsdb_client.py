@@ -84,6 +84,7 @@ def test_basic_auth_header(server: Server) -> None:
         (400, json.dumps({"status": "error", "error": "parse error"}).encode(), BadAnswer, "parse error"),
     ],
 )
+@pytest.mark.slow
 def test_errors_are_told_apart(server: Server, status: int, body: bytes, error: type, text: str) -> None:
     server.replies.append((status, body))
     with QueryApi(Connection(server.url)) as api, pytest.raises(error, match=text):

@@ -41,6 +41,8 @@ from exporter.snapshot import ExporterInfo, GpuState, Snapshot
 from exporter.tsdb.frames import TIMELINE, NodeSeries, frames
 from exporter.web.exposition import DEFAULT, EVERYTHING, Exposure, render
 
+pytestmark = pytest.mark.slow  # plays scenarios or starts servers: `make unit` leaves it out
+
 STEP_S = 60.0  # scenario seconds between cycles: every phase is seen
 OF_SCOPE: dict[str, type] = {
     "gpu": GpuFrame,

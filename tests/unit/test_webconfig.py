@@ -14,11 +14,11 @@ from pathlib import Path
 import bcrypt
 import httpx
 import pytest
-from tls_pki import live_server, make_pki
 
 from exporter.config import ConfigError
 from exporter.web import webconfig
 from exporter.web.server import create_app
+from tests.support.tls_pki import live_server, make_pki
 
 SCENARIO = """
 gpus: {count: 1, model: H100-80GB-SXM}
@@ -77,6 +77,7 @@ def client(pki: Path, cert: str | None = None, **versions: ssl.TLSVersion) -> ss
     return ctx
 
 
+@pytest.mark.slow
 def test_min_version_tls13_refuses_a_tls12_client(serve, pki: Path) -> None:  # type: ignore[no-untyped-def]
     base, _ = serve(TLS + "  min_version: TLS13\n")
     tls12 = client(pki, maximum_version=ssl.TLSVersion.TLSv1_2)
@@ -257,6 +258,7 @@ def _basic(user: str, password: str) -> dict[str, str]:
     return {"authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
+@pytest.mark.slow
 def test_wrong_passwords_from_150_clients_do_not_stall_the_server(serve) -> None:  # type: ignore[no-untyped-def]
     hashed = bcrypt.hashpw(b"right", bcrypt.gensalt(10)).decode()
     base, runner = serve(f"basic_auth_users:\n  alice: '{hashed}'\n")

@@ -7,7 +7,7 @@ from dataclasses import fields
 
 from exporter.diagnosis.fmt import value_text
 from exporter.diagnosis.frame import EngineFrame, Frame, GpuFrame
-from exporter.diagnosis.history import History, rate
+from exporter.diagnosis.history import History
 from exporter.diagnosis.model import LAYERS, Candidate, Check, Evidence, Rule, Scope, Subject
 from exporter.diagnosis.thresholds import Thresholds
 
@@ -26,11 +26,15 @@ def rule(
     condition: str,
     advice: str,
     clear: str | float = "clear_s",
+    window: str | float = 0.0,
     gpus_without_engine: bool = False,
 ) -> Callable[[Check], Check]:
     """Declare a rule on its check function: `(frame, history, thresholds) -> candidates`.
 
-    `hold` and `clear` are seconds, or the name of the `Thresholds` field that holds them.
+    `hold`, `clear` and `window` are seconds, or the name of the `Thresholds` field that
+    holds them. `window` is the longest window the check's rates or quantiles are taken
+    over: they keep a burst for that long after it ended, so the finding holds for
+    `hold + window` (docs/diagnosis.md, "How a finding comes about").
     The rule's layer (the part of `id` before the slash) must be the module it lives in.
     `gpus_without_engine` gives a GPU x engine rule a subject for GPUs no engine runs on.
     """
@@ -40,13 +44,15 @@ def rule(
         module = check.__module__.rsplit(".", 1)[-1]
         if layer not in LAYERS or module != layer:
             raise ValueError(f"rule {id}: declared in {check.__module__}, expected rules/{layer}.py")
-        for value in (hold, clear):
+        for value in (hold, clear, window):
             if isinstance(value, str) and value not in _THRESHOLDS:
                 raise ValueError(f"rule {id}: no threshold named {value!r}")
         if any(r.id == id for r in _REGISTERED):
             raise ValueError(f"rule {id} is declared twice")
         _REGISTERED.append(
-            Rule(id, severity, scope, title, condition, advice, check, hold, clear, gpus_without_engine)
+            Rule(
+                id, severity, scope, title, condition, advice, check, hold, clear, window, gpus_without_engine
+            )
         )
         return check
 
@@ -111,9 +117,3 @@ def _xid_candidates(
                 ),
                 f"GPU {g.index} reported XID {', '.join(str(x) for x, _ in seen)} ({what})",
             )
-
-
-def _engine_rate(
-    history: History, e: EngineFrame, get: Callable[[EngineFrame], float | None], window: float
-) -> float | None:
-    return rate(history.engine_series(e.target, get, window))

@@ -85,6 +85,7 @@ KNEE_MAX_SAMPLES = 300
     severity="warning",
     scope="engine",
     hold="knee_hold_s",
+    window="rate_window_s",
     title="Past the throughput knee",
     condition=(
         "offered load at or past the rate where tokens/s stopped rising (history) while p99 TTFT >= "

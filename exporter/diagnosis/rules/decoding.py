@@ -20,6 +20,7 @@ from exporter.diagnosis.rules.base import (
     severity="info",
     scope="engine",
     hold="spec_hold_s",
+    window="rate_window_s",
     title="Speculative decoding rarely accepted",
     condition="accepted / proposed draft tokens < spec_accept_min_ratio with requests running",
     advice="Use a draft model closer to the target, fewer speculative tokens, or switch speculation off.",
@@ -41,6 +42,7 @@ def low_spec_acceptance(frame: Frame, history: History, th: Th) -> Iterator[Cand
     severity="warning",
     scope="engine",
     hold="itl_hold_s",
+    window="rate_window_s",
     title="Token stream stutters",
     condition="inter-token latency p99 / p50 >= itl_jitter_factor with requests running",
     advice=(

@@ -212,6 +212,7 @@ def dram_bandwidth_bound(frame: Frame, history: History, th: Th) -> Iterator[Can
     severity="warning",
     scope="gpu",
     hold="pcie_replay_hold_s",
+    window="pcie_replay_window_s",
     title="PCIe link replaying packets",
     condition="PCIe replay counter rising faster than pcie_replays_per_minute over pcie_replay_window_s",
     advice="Reseat the GPU or riser, check the link speed/width (`nvidia-smi -q -d PCIE`), update firmware.",
@@ -220,18 +221,15 @@ def pcie_replays(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
     for g in _live(frame):
         if g.pcie_replays_total is None:
             continue
-        oldest = history.oldest.taken_at if history.oldest else frame.taken_at
-        start = max(oldest, frame.taken_at - th.pcie_replay_window_s)
-        before = history.last_gpu(g.index, lambda x: x.pcie_replays_total, at=start)
-        if before is not None and before == g.pcie_replays_total:
+        series = history.gpu_points(g.index, lambda x: x.pcie_replays_total, th.pcie_replay_window_s)
+        if len(series) < 2 or series[0][1] == series[-1][1]:
             continue  # the usual case: not one replay in the window
-        series = history.gpu_series(g.index, lambda x: x.pcie_replays_total, th.pcie_replay_window_s)
-        if len(series) < 2 or series[-1][0] - series[0][0] < min(60.0, th.pcie_replay_window_s):
+        span = series[-1][0] - series[0][0]
+        if span < min(60.0, th.pcie_replay_window_s):
             continue
         r = rate(series)
         if r is None or r * 60 <= th.pcie_replays_per_minute:
             continue
-        span = series[-1][0] - series[0][0]
         yield Candidate(
             gpu_subject(g),
             (

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from statistics import mean
 
 from exporter.diagnosis.frame import Frame
-from exporter.diagnosis.history import History, rate
+from exporter.diagnosis.history import History
 from exporter.diagnosis.model import Candidate, Evidence
 from exporter.diagnosis.rules.base import (
     Th,
@@ -61,6 +61,7 @@ def low_tensor_activity(frame: Frame, history: History, th: Th) -> Iterator[Cand
     severity="info",
     scope="engine",
     hold="mfu_hold_s",
+    window="rate_window_s",
     title="Busy GPUs, little achieved compute or bandwidth",
     condition=(
         "GPUs utilization >= mfu_busy_util_min_ratio with MFU < mfu_min_ratio and MBU < mbu_min_ratio "
@@ -82,12 +83,8 @@ def low_mfu_mbu(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
         utils = [g.util_ratio for g in gpus if g.util_ratio is not None]
         if not utils or mean(utils) < th.mfu_busy_util_min_ratio:
             continue
-        flops = rate(
-            history.engine_series(e.target, lambda x: x.estimated_flops_per_gpu_total, th.rate_window_s)
-        )
-        read = rate(
-            history.engine_series(e.target, lambda x: x.estimated_read_bytes_per_gpu_total, th.rate_window_s)
-        )
+        flops = history.engine_rate(e.target, lambda x: x.estimated_flops_per_gpu_total, th.rate_window_s)
+        read = history.engine_rate(e.target, lambda x: x.estimated_read_bytes_per_gpu_total, th.rate_window_s)
         peak_f, peak_b = gpus[0].peak_flops, gpus[0].dram_peak_bytes_per_second
         if flops is None or read is None or not peak_f or not peak_b:
             continue

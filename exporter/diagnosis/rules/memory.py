@@ -11,7 +11,6 @@ from exporter.diagnosis.model import Candidate, Evidence, Subject
 from exporter.diagnosis.oom import engine_budget, engines_on, oom_risks
 from exporter.diagnosis.rules.base import (
     Th,
-    _engine_rate,
     _live,
     _pct,
     _xid_candidates,
@@ -55,7 +54,11 @@ def oom_risk(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
     scope="engine",
     hold="kv_hold_s",
     title="KV cache full, requests preempted",
-    condition="KV-cache usage >= kv_usage_min_ratio and preemptions >= kv_preemptions_min_per_second",
+    window="rate_window_s",
+    condition=(
+        "KV-cache usage >= kv_usage_min_ratio and preemptions >= kv_preemptions_min_per_second over "
+        "rate_window_s"
+    ),
     advice=(
         "Lower max_num_seqs or max_model_len, use an FP8 KV cache, raise gpu_memory_utilization, or "
         "add replicas."
@@ -65,9 +68,7 @@ def kv_cache_saturated(frame: Frame, history: History, th: Th) -> Iterator[Candi
     for e in frame.engines:
         if not e.up or e.kv_usage_ratio is None or e.kv_usage_ratio < th.kv_usage_min_ratio:
             continue
-        pre = e.preemptions_per_second
-        if pre is None:
-            pre = _engine_rate(history, e, lambda x: x.preemptions_total, th.rate_window_s)
+        pre = history.engine_rate(e.target, lambda x: x.preemptions_total, th.rate_window_s)
         if pre is None or pre < th.kv_preemptions_min_per_second:
             continue
         ev = [
@@ -80,7 +81,17 @@ def kv_cache_saturated(frame: Frame, history: History, th: Th) -> Iterator[Candi
             engine_subject(e),
             tuple(ev),
             f"{e.name}: KV cache {_pct(e.kv_usage_ratio)} full, {pre:.1f} preemptions/s",
+            SGLANG_KV_ADVICE if e.kind == "sglang" else "",
         )
+
+
+# SGLang admits on an estimate of the tokens requests will still need and retracts decoding
+# requests when they outgrow it; its knobs have other names than vLLM's.
+SGLANG_KV_ADVICE = (
+    "SGLang retracts decoding requests when the token pool runs out: raise --schedule-conservativeness "
+    "(admit on a more pessimistic estimate), lower --max-running-requests, raise --mem-fraction-static, "
+    "use an FP8 KV cache (--kv-cache-dtype fp8_e5m2), or add replicas."
+)
 
 
 @rule(

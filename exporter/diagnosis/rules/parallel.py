@@ -1,4 +1,5 @@
-"""Parallel: stragglers in a tensor-parallel group, NVLink capacity, TP over PCIe."""
+"""Parallel: stragglers in a tensor-parallel group, NVLink capacity, TP over PCIe, KV transfer
+between prefill and decode."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Callable, Iterator
 from statistics import median
 
 from exporter.diagnosis.frame import Frame, GpuFrame
-from exporter.diagnosis.history import History, rate
+from exporter.diagnosis.history import History
 from exporter.diagnosis.model import Candidate, Evidence, Unit
 from exporter.diagnosis.rules.base import (
     Th,
@@ -22,8 +23,8 @@ from exporter.diagnosis.rules.base import (
 def _nvlink_rates(history: History, g: GpuFrame, window: float) -> tuple[float | None, float | None]:
     if g.nvlink_tx_bytes_per_second is not None or g.nvlink_rx_bytes_per_second is not None:
         return g.nvlink_tx_bytes_per_second, g.nvlink_rx_bytes_per_second
-    tx = rate(history.gpu_series(g.index, lambda x: x.nvlink_tx_bytes_total, window))
-    rx = rate(history.gpu_series(g.index, lambda x: x.nvlink_rx_bytes_total, window))
+    tx = history.gpu_rate(g.index, lambda x: x.nvlink_tx_bytes_total, window)
+    rx = history.gpu_rate(g.index, lambda x: x.nvlink_rx_bytes_total, window)
     return tx, rx
 
 
@@ -152,6 +153,7 @@ def sm_imbalance(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
     severity="warning",
     scope="gpu",
     hold="nvlink_hold_s",
+    window="rate_window_s",
     title="NVLink near capacity",
     condition=(
         "NVLink transmit or receive >= nvlink_saturation_ratio of the links up or asleep "
@@ -215,4 +217,50 @@ def tp_over_pcie(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
                 Evidence("GPU model", gpus[0].name or "unknown"),
             ),
             f"{e.name} splits its model over {len(gpus)} GPUs that talk over PCIe only",
+        )
+
+
+@rule(
+    "parallel/kv_transfer_slow",
+    severity="warning",
+    scope="engine",
+    hold="kv_transfer_hold_s",
+    window="rate_window_s",  # a TTFT quantile and a transfer latency over the last minute
+    title="KV transfer dominates time to first token",
+    condition=(
+        "KV transfer latency >= kv_transfer_ttft_share_min x the model's TTFT p50 (the largest of its "
+        "engines'), TTFT p50 >= kv_transfer_ttft_min_s"
+    ),
+    advice=(
+        "Check the KV connector's transport: RDMA devices visible to both pods (NIXL/UCX backends, "
+        "UCX_TLS, Mooncake's protocol), the NIC on the GPU's PCIe switch and NUMA node, the network "
+        "between prefill and decode; a TCP fallback moves KV at a few GB/s."
+    ),
+)
+def kv_transfer_slow(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
+    for e in frame.engines:
+        latency = e.kv_transfer_latency_seconds
+        if not e.up or latency is None:
+            continue
+        # TTFT is observed where the first token leaves: the decode side in SGLang, which
+        # reports the transfer on the prefill side; the largest median of the model's engines
+        ttfts = [x.ttft_p50_seconds for x in frame.engines if x.up and x.model == e.model]
+        ttft = max((t for t in ttfts if t is not None), default=None)
+        if ttft is None or ttft < th.kv_transfer_ttft_min_s or latency < th.kv_transfer_ttft_share_min * ttft:
+            continue
+        failures = history.engine_rate(e.target, lambda x: x.kv_transfer_failures_total, th.rate_window_s)
+        ev = [
+            Evidence("KV transfer per request", latency, "seconds"),
+            Evidence("time to first token p50", ttft, "seconds", f">= {th.kv_transfer_ttft_min_s:g} s"),
+            Evidence(
+                "transfer share of TTFT", latency / ttft, "ratio", f">= {_pct(th.kv_transfer_ttft_share_min)}"
+            ),
+        ]
+        if failures is not None:
+            ev.append(Evidence("failed transfers", failures, "per_second"))
+        yield Candidate(
+            engine_subject(e),
+            tuple(ev),
+            f"{e.name}: moving the KV cache takes {latency * 1e3:.0f} ms of a {ttft * 1e3:.0f} ms "
+            f"time to first token ({_pct(latency / ttft)})",
         )

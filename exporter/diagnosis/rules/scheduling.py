@@ -1,4 +1,5 @@
-"""Scheduling: queues that grow while GPUs have room, the API server, admission."""
+"""Scheduling: queues that grow while GPUs have room, the API server, admission, the balance
+of prefill and decode."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from exporter.diagnosis.model import Candidate, Evidence
 from exporter.diagnosis.rules.base import (
     Th,
     _engine_gpus,
-    _engine_rate,
     _pct,
     engine_subject,
     rule,
@@ -158,17 +158,80 @@ def api_server_cpu_bound(frame: Frame, history: History, th: Th) -> Iterator[Can
     severity="warning",
     scope="engine",
     hold="rejections_hold_s",
+    window="rate_window_s",
     title="Requests refused at admission",
     condition="rejected requests >= rejections_min_per_second over rate_window_s",
     advice="Add capacity or raise the admission limit; make clients back off and retry.",
 )
 def admission_rejections(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
     for e in frame.engines:
-        r = _engine_rate(history, e, lambda x: x.rejected_total, th.rate_window_s)
+        r = history.engine_rate(e.target, lambda x: x.rejected_total, th.rate_window_s)
         if r is None or r < th.rejections_min_per_second:
             continue
         yield Candidate(
             engine_subject(e),
             (Evidence("rejected requests", r, "per_second", f">= {th.rejections_min_per_second:g}/s"),),
             f"{e.name} refuses {r:.1f} requests/s at admission",
+            TGI_REJECTION_ADVICE if e.kind == "tgi" else "",
+        )
+
+
+# TGI's router answers "overloaded" past its concurrency limit, before any queue or batch.
+TGI_REJECTION_ADVICE = (
+    "TGI's router refuses requests past --max-concurrent-requests (128 by default): add replicas "
+    "behind the load balancer, or raise the limit where the GPUs have room (they queue instead); "
+    "make clients back off and retry."
+)
+
+
+def _activity(frame: Frame, e: EngineFrame) -> float | None:
+    """Mean SM activity (NVML utilization where there is none) of the engine's GPUs."""
+    act = [v for v in (_sm_or_util(g) for g in _engine_gpus(frame, e)) if v is not None]
+    return mean(act) if act else None
+
+
+@rule(
+    "scheduling/prefill_starves_decode",
+    severity="warning",
+    scope="engine",
+    hold="pd_hold_s",
+    title="Prefill saturated while decode starves",
+    condition=(
+        "a prefill engine with waiting >= pd_prefill_waiting_min and SM active >= "
+        "pd_prefill_busy_min_ratio; every decode engine of its model with SM active < "
+        "pd_decode_idle_max_ratio and empty prealloc and transfer queues"
+    ),
+    advice=(
+        "Move capacity from decode to prefill: more prefill instances or GPUs per prefill instance "
+        "(a higher prefill:decode ratio), a larger chunked-prefill budget, prefix caching on the prefill "
+        "side; fewer decode instances."
+    ),
+)
+def prefill_starves_decode(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
+    for p in frame.engines:
+        if not p.up or p.disagg_role != "prefill" or (p.waiting or 0.0) < th.pd_prefill_waiting_min:
+            continue
+        busy = _activity(frame, p)
+        if busy is None or busy < th.pd_prefill_busy_min_ratio:
+            continue
+        decode = [d for d in frame.engines if d.up and d.disagg_role == "decode" and d.model == p.model]
+        idle = [_activity(frame, d) for d in decode]
+        queued = sum(sum((d.disagg_queues or {}).values()) for d in decode)
+        if not decode or any(a is None or a >= th.pd_decode_idle_max_ratio for a in idle) or queued >= 1:
+            continue
+        decode_act = mean(a for a in idle if a is not None)
+        yield Candidate(
+            engine_subject(p),
+            (
+                Evidence("prefill waiting requests", p.waiting, "count", f">= {th.pd_prefill_waiting_min:g}"),
+                Evidence("prefill SM active", busy, "ratio", f">= {_pct(th.pd_prefill_busy_min_ratio)}"),
+                Evidence("decode engines of the model", ", ".join(d.name for d in decode)),
+                Evidence(
+                    "decode SM active (mean)", decode_act, "ratio", f"< {_pct(th.pd_decode_idle_max_ratio)}"
+                ),
+                Evidence("decode running", sum(d.running or 0.0 for d in decode), "count"),
+                Evidence("decode prealloc + transfer queues", queued, "count", "< 1"),
+            ),
+            f"{p.name}: prefill holds {p.waiting:.0f} waiting requests with its GPUs {_pct(busy)} active, "
+            f"while its decode side idles at {_pct(decode_act)}",
         )

@@ -1,0 +1,1 @@
+"""Helpers shared between test modules: builders, a test PKI, a served exporter."""
