@@ -494,15 +494,16 @@ parallel = Row(
         ),
         timeseries(
             "Evidence: NVLink load (parallel/nvlink_saturated, parallel/tp_over_pcie)",
-            f"NVLink bytes sent per second over the capacity of the GPU's active links "
-            f"({TH.nvlink_link_bytes_per_second / 1e9:g} GB/s each; rule: "
+            f"NVLink bytes sent per second over the capacity of the GPU's links, active or "
+            f"asleep ({TH.nvlink_link_bytes_per_second / 1e9:g} GB/s each; rule: "
             f"{pct(TH.nvlink_saturation_ratio)}). A tensor-parallel "
-            "engine with no active link runs over PCIe.",
+            "engine with no such link runs over PCIe.",
             [
                 q(
                     divide(
                         f"llmgpu_gpu_nvlink_tx_bytes_per_second{{{GPU}}}",
-                        f"{TH.nvlink_link_bytes_per_second / 1e9:g}e9 * llmgpu_gpu_nvlink_links_up{{{GPU}}}",
+                        f"{TH.nvlink_link_bytes_per_second / 1e9:g}e9 * (llmgpu_gpu_nvlink_links_up{{{GPU}}}"
+                        f" + llmgpu_gpu_nvlink_links_sleeping{{{GPU}}})",
                     ),
                     "GPU {{gpu}}",
                     scenarios=("healthy", "nvlink-imbalance"),

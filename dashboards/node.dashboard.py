@@ -362,10 +362,11 @@ interconnect = Row(
         ),
         timeseries(
             "NVLink links up",
-            "Active links per GPU against the links it has. A drop on one GPU while its peers "
-            "keep theirs is a link failure.",
+            "Active and sleeping links per GPU against the links it has. A drop on one GPU while "
+            "its peers keep theirs is a link failure; a sleeping link is not down.",
             [
                 q(f"llmgpu_gpu_nvlink_links_up{{{GPU}}}", "GPU {{gpu}}"),
+                q(f"llmgpu_gpu_nvlink_links_sleeping{{{GPU}}} > 0", "GPU {{gpu}} asleep"),
                 q(f"max(llmgpu_gpu_nvlink_links{{{GPU}}})", "links"),
             ],
         ),

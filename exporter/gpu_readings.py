@@ -130,7 +130,8 @@ class Power:
         "Energy used since the driver loaded (nvmlDeviceGetTotalEnergyConsumption)",
     )  # in the default profile: energy per token is rebuilt from it out of a TSDB too
     gpu_celsius: float | None = gauge(
-        "llmgpu_gpu_temperature_celsius", "GPU die temperature (nvmlDeviceGetTemperature)"
+        "llmgpu_gpu_temperature_celsius",
+        "GPU die temperature (nvmlDeviceGetTemperatureV; nvmlDeviceGetTemperature before R570)",
     )
     memory_celsius: float | None = gauge(
         "llmgpu_gpu_memory_temperature_celsius",
@@ -285,7 +286,14 @@ class NvLinkPort:
 
     link: int = label()
     up: int | None = gauge(
-        "llmgpu_gpu_nvlink_link_up", "1 while the link is active (nvmlDeviceGetNvLinkState)", profile="full"
+        "llmgpu_gpu_nvlink_link_up",
+        "1 while the link is active, 0 while inactive or asleep (NVML_FI_DEV_NVLINK_GET_STATE)",
+        profile="full",
+    )
+    sleeping: int | None = gauge(
+        "llmgpu_gpu_nvlink_link_sleeping",
+        "1 while the link is in its low-power sleep state (NVML_FI_DEV_NVLINK_GET_STATE = SLEEP)",
+        profile="full",
     )
     tx_bytes: int | None = counter(
         "llmgpu_gpu_nvlink_link_tx_bytes_total",
@@ -314,8 +322,8 @@ def _sum(values: Iterable[int | None]) -> int | None:
 class NvLink:
     """A GPU's links, and their per-GPU totals (filled from the links when not given).
 
-    The totals are what the default profile exposes: 7 series per link (126 on an H100)
-    fold into 5 per GPU, and they are what the diagnosis reads.
+    The totals are what the default profile exposes: 8 series per link (144 on an H100)
+    fold into 6 per GPU, and they are what the diagnosis reads.
     """
 
     family: ClassVar[str] = "nvlink"
@@ -323,7 +331,13 @@ class NvLink:
         "llmgpu_gpu_nvlink_links", "Links whose state NVML reports (nvmlDeviceGetNvLinkState)"
     )
     links_up: int | None = gauge(
-        "llmgpu_gpu_nvlink_links_up", "Links active, of llmgpu_gpu_nvlink_links (nvmlDeviceGetNvLinkState)"
+        "llmgpu_gpu_nvlink_links_up",
+        "Links active, of llmgpu_gpu_nvlink_links (NVML_FI_DEV_NVLINK_GET_STATE = ACTIVE)",
+    )
+    links_sleeping: int | None = gauge(
+        "llmgpu_gpu_nvlink_links_sleeping",
+        "Links asleep, of llmgpu_gpu_nvlink_links: neither down nor active; "
+        "they wake for traffic (NVML_FI_DEV_NVLINK_GET_STATE = SLEEP)",
     )
     tx_bytes: int | None = counter(
         "llmgpu_gpu_nvlink_tx_bytes_total",
@@ -351,6 +365,7 @@ class NvLink:
         if states or not self.links:
             put("link_count", lambda: len(states))
             put("links_up", lambda: sum(states))
+            put("links_sleeping", lambda: sum(p.sleeping or 0 for p in self.links if p.up is not None))
         put("tx_bytes", lambda: _sum(p.tx_bytes for p in self.links))
         put("rx_bytes", lambda: _sum(p.rx_bytes for p in self.links))
         put("errors", lambda: _sum(v for p in self.links for v in (p.errors or {}).values()))

@@ -28,13 +28,12 @@ log = logging.getLogger(__name__)
 
 _ABSENT = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 # Errors that are about the GPU, not about one function: the GPU is down and its handle
-# must be fetched again. InvalidArgument is what NVML answers for a stale handle. Any
-# other error (NoPermission, Unknown, Timeout, ...) only takes away that call's values.
+# must be fetched again. Any other error (NoPermission, Unknown, Timeout, ...) only takes
+# away that call's values.
 DEVICE_GONE = frozenset(
     {
         "GpuIsLost",
         "Uninitialized",
-        "InvalidArgument",
         "ResetRequired",
         "DriverNotLoaded",
         "LibRmVersionMismatch",
@@ -45,6 +44,10 @@ DEVICE_GONE = frozenset(
 # (`Nvml.recover`), with a backoff while the driver stays away.
 RELOADED = frozenset({"Uninitialized", "DriverNotLoaded", "LibRmVersionMismatch"})
 RESTART_BACKOFF_S = (1.0, 60.0)  # first wait after a failed nvmlInit, and the longest
+# nvml.h answers InvalidArgument both for a stale device handle and for an argument the
+# part lacks (a link or an NVLink error counter it does not have): it means the GPU is
+# gone only when the handle no longer resolves (`Nvml.resolves`).
+INVALID_ARGUMENT = "InvalidArgument"
 # Errors of a call the GPU did not answer: a read in which every call ends so means the
 # GPU is not answering (gpu.py); NoPermission and the like are answers.
 UNANSWERED = frozenset({"Unknown", "Timeout"})
@@ -72,6 +75,9 @@ FI_NVLINK_ERROR_DL_REPLAY = 161  # NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, scopeId =
 FI_NVLINK_ERROR_DL_RECOVERY = 162  # NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY, scopeId = link
 FI_NVLINK_ERROR_DL_CRC = 163  # NVML_FI_DEV_NVLINK_ERROR_DL_CRC (flit CRC), scopeId = link
 FI_NVLINK_GET_STATE = 165  # NVML_FI_DEV_NVLINK_GET_STATE, scopeId = link
+# What field 165 (and nvmlDeviceGetNvLinkState) answers: NVML_NVLINK_STATE_* of nvml.h,
+# SLEEP first defined in CUDA 12.8's header. A sleeping link is neither down nor active.
+NVLINK_STATE_INACTIVE, NVLINK_STATE_ACTIVE, NVLINK_STATE_SLEEP = 0, 1, 2
 FI_PCIE_COUNT_TX_BYTES = 197  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES
 FI_PCIE_COUNT_RX_BYTES = 198  # NVML_FI_DEV_PCIE_COUNT_RX_BYTES
 # Data CRC has no link-scoped id: NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L0..L5 are 39..44
@@ -150,10 +156,11 @@ class _ProcessInfoV2(ctypes.Structure):
 
 
 class _ProcessInfoR535(ctypes.Structure):
-    """The record R535 drivers write from nvmlDeviceGetComputeRunningProcesses_v3: 12.2's
-    nvmlProcessInfo_t with usedGpuCcProtectedMemory (32 bytes); R550 went back to 24 bytes
-    for _v3 and the binding reads 24 (nvidia-ml-py 12.535 read 32), so _v3 is read here only
-    without a _v2 symbol, with the record size of the driver's branch."""
+    """The record early R535 drivers write from nvmlDeviceGetComputeRunningProcesses_v3: the
+    nvmlProcessInfo_t of CUDA 12.2.0/12.2.1's nvml.h, with usedGpuCcProtectedMemory (32
+    bytes; nvidia-ml-py 12.535.77 read 32 too). CUDA 12.2.2's header (driver 535.104) went
+    back to the 24-byte nvmlProcessInfo_v2_t, as the binding from 12.535.108 reads, so _v3
+    is read here only without a _v2 symbol, with the record size of the driver's release."""
 
     _fields_ = [*_ProcessInfoV2._fields_, ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
 
@@ -306,6 +313,16 @@ class Nvml:
         with self._lock:
             return self._index_by_address.get(ctypes.cast(handle, ctypes.c_void_p).value or 0)
 
+    def resolves(self, index: int, handle: Any) -> bool:
+        """Whether NVML still hands out `handle` for this index: False for a stale handle
+        (the GPU was reset or fell off the bus), or when no handle can be had at all."""
+        try:
+            again = self.query(pynvml.nvmlDeviceGetHandleByIndex, index)
+        except NvmlError:
+            return False
+        address = ctypes.cast(handle, ctypes.c_void_p).value
+        return again is not None and ctypes.cast(again, ctypes.c_void_p).value == address
+
     def forget(self, index: int) -> None:
         with self._lock:
             self._handles.pop(index, None)
@@ -361,21 +378,29 @@ class Nvml:
 
     def field_values(self, handle: Any, ids: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
         """Several field values in one call; fields the GPU refuses are left out."""
+        return {key: _field_value(v) for key, v in self._fields(handle, ids).items()}
+
+    def field_types(self, handle: Any, ids: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
+        """The NVML_VALUE_TYPE_* each field is answered in: the width a counter wraps at."""
+        return {key: int(v.valueType) for key, v in self._fields(handle, ids).items()}
+
+    def _fields(self, handle: Any, ids: list[tuple[int, int]]) -> dict[tuple[int, int], _FieldValue]:
         values = (_FieldValue * len(ids))()
         for v, (fid, scope) in zip(values, ids, strict=True):
             v.fieldId, v.scopeId = fid, scope
         if not self.supported(nvmlDeviceGetFieldValues, handle, values):
             return {}
         ok = pynvml.NVML_SUCCESS
-        return {key: _field_value(v) for key, v in zip(ids, values, strict=True) if v.nvmlReturn == ok}
+        return {key: v for key, v in zip(ids, values, strict=True) if v.nvmlReturn == ok}
 
     def compute_processes(self, handle: Any) -> list[tuple[int, int | None]] | None:
         """(pid, used bytes) of each compute process; None when the GPU cannot tell.
 
         The binding's nvmlDeviceGetComputeRunningProcesses calls the _v3 symbol with a
-        24-byte record, which R535 drivers fill with 32-byte ones (every process after the
-        first garbled) and drivers without _v3 refuse with NVMLLibraryMismatchError. The
-        _v2 symbol has kept one layout on every branch: it is called directly here.
+        record of its own release's size (32 bytes in 12.535.77, 24 after), which drivers
+        of the other size garble (every process after the first) and drivers without _v3
+        refuse with NVMLLibraryMismatchError. The _v2 symbol has kept one layout on every
+        branch: it is called directly here.
         """
         for symbol in ("nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetComputeRunningProcesses_v3"):
             try:
@@ -390,8 +415,11 @@ class Nvml:
         return None
 
     def _v3_record(self) -> type[ctypes.Structure]:
-        version = decode(self.query(pynvml.nvmlSystemGetDriverVersion) or "")
-        return _ProcessInfoR535 if version.startswith("535.") else _ProcessInfoV2
+        version = decode(self.query(pynvml.nvmlSystemGetDriverVersion) or "").split(".")
+        early_r535 = (
+            version[0] == "535" and len(version) > 1 and version[1].isdigit() and int(version[1]) < 104
+        )
+        return _ProcessInfoR535 if early_r535 else _ProcessInfoV2
 
     def _processes(
         self, fn: Callable[..., int], symbol: str, handle: Any, record: type[ctypes.Structure]

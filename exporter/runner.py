@@ -29,7 +29,7 @@ from exporter import __version__
 from exporter.collectors.base import Collector, Output
 from exporter.gpu_readings import DeviceFacts, MetricSource, MetricSources, Xid
 from exporter.metricdef import has_value, metric_defs
-from exporter.snapshot import CollectorStatus, ExporterInfo, GpuState, Snapshot
+from exporter.snapshot import CallErrors, CollectorStatus, ExporterInfo, GpuState, Snapshot
 from exporter.web.cadence import Cadence
 from exporter.web.exposition import DEFAULT, Exposure, Rendered, render
 
@@ -64,6 +64,7 @@ class _Slot:
     runs: int = 0
     success: bool = False
     errors: Counter[str] = field(default_factory=Counter)
+    call_errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # (function, error)
     logged: set[str] = field(default_factory=set)
     due_at: float = 0.0  # monotonic: its next grid point
 
@@ -312,6 +313,7 @@ class Runner:
             slot.success = not errors
             slot.errors.update(errors)
             if output is not None:
+                slot.call_errors.update(output.call_errors)
                 slot.output = output
                 slot.completed_at = finished
 
@@ -354,6 +356,7 @@ class Runner:
                 (s.collector, s.output, s.completed_at, s.duration, s.runs, s.success, dict(s.errors))
                 for s in self._slots
             ]
+            failed_calls = {s.collector.name: _call_errors(s.call_errors) for s in self._slots}
         fresh: list[tuple[Collector, Output]] = []
         statuses = []
         for collector, output, completed, duration, runs, success, errors in slots:
@@ -366,6 +369,7 @@ class Runner:
                     sample_age_seconds=age,
                     runs=runs,
                     errors=errors or None,
+                    calls=failed_calls[collector.name],
                 )
             )
             # A collector stuck in a hung call (on one GPU, say: its run covers them all)
@@ -453,6 +457,13 @@ class Runner:
                     return r.uuid
         facts = self._facts.get(index)
         return facts.uuid if facts is not None else ""
+
+
+def _call_errors(counts: Mapping[tuple[str, str], int]) -> tuple[CallErrors, ...]:
+    by_function: dict[str, dict[str, int]] = {}
+    for (function, error), n in sorted(counts.items()):
+        by_function.setdefault(function, {})[error] = n
+    return tuple(CallErrors(function=f, errors=e) for f, e in by_function.items())
 
 
 def _next_point(period: float) -> float:

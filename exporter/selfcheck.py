@@ -27,7 +27,7 @@ from typing import TextIO
 
 from exporter import __version__, smi
 from exporter.config import Settings, replace
-from exporter.gpu_readings import DeviceFacts, MigProfiling, Profiling
+from exporter.gpu_readings import DeviceFacts, MigProfiling, NvLink, Profiling
 from exporter.metricdef import has_value
 from exporter.nvml import (
     FI_MEMORY_TEMP,
@@ -36,6 +36,7 @@ from exporter.nvml import (
     FI_PCIE_REPLAY_COUNTER,
     FI_PERF_POLICY_POWER,
     FI_PERF_POLICY_THERMAL,
+    INVALID_ARGUMENT,
     Nvml,
     NvmlError,
     NvmlUnavailable,
@@ -233,6 +234,64 @@ def probe_fields(nvml: Nvml, gpus: Iterable[int], driver: str = "") -> list[Chec
     return checks
 
 
+# nvml.h nvmlValueType_t, by number (the oldest binding lacks the later names)
+VALUE_TYPE_BITS = {1: 32, 2: 64, 3: 64, 4: 64, 5: 32, 6: 16}  # uint, ulong, ull, sll, int, ushort
+PCIE_BYTES = [(FI_PCIE_COUNT_TX_BYTES, 0), (FI_PCIE_COUNT_RX_BYTES, 0)]
+
+
+def pcie_counter_width(nvml: Nvml, gpus: Iterable[int]) -> Check:
+    """The width the PCIe byte counters are answered in: nvml.h says they "can be wrapped"
+    and gives none. 64 bits never wrap in practice; 32 bits wrap every 4 GiB."""
+    widths: dict[int, set[int]] = {}
+    for index in gpus:
+        try:
+            types = nvml.field_types(nvml.handle(index), PCIE_BYTES)
+        except NvmlError:
+            continue
+        for value_type in types.values():
+            widths.setdefault(VALUE_TYPE_BITS.get(value_type, 0), set()).add(index)
+    if not widths:
+        return Check("PCIe counter width", "skip", "no GPU answers the PCIe byte counters")
+    said = "; ".join(
+        f"{bits or 'unknown'}-bit on GPU {sorted(gpus)}" for bits, gpus in sorted(widths.items())
+    )
+    narrow = any(bits < 64 for bits in widths)
+    return Check("PCIe counter width", "warn" if narrow else "pass", f"TX/RX bytes answered {said}")
+
+
+def nvlink_states(snap: Snapshot) -> Check:
+    """The states the links are in (field 165: ACTIVE, SLEEP, INACTIVE), GPU by GPU."""
+    seen = []
+    down = False
+    for g in snap.gpus:
+        links = g.get(NvLink)
+        if links is None or not links.link_count:
+            continue
+        asleep = links.links_sleeping or 0
+        inactive = links.link_count - (links.links_up or 0) - asleep
+        down = down or inactive > 0
+        seen.append(f"GPU {g.index}: {links.links_up} active, {asleep} asleep, {inactive} inactive")
+    if not seen:
+        return Check("NVLink states", "skip", "no GPU reports NVLink link states")
+    return Check("NVLink states", "warn" if down else "pass", "; ".join(seen))
+
+
+def failed_calls(snap: Snapshot) -> Check:
+    """The NVML calls that failed on their own: InvalidArgument is the driver saying a
+    part lacks a link or counter (which the fake only supposes); anything else is a warning."""
+    failed = [
+        (c.collector, call.function, error, n)
+        for c in snap.collectors
+        for call in c.calls
+        for error, n in (call.errors or {}).items()
+    ]
+    if not failed:
+        return Check("NVML calls", "pass", "no call failed on its own")
+    listed = "; ".join(f"{col}: {fn} {error} x{n}" for col, fn, error, n in failed)
+    bad = any(error != INVALID_ARGUMENT for _, _, error, _ in failed)
+    return Check("NVML calls", "warn" if bad else "pass", f"failed on their own, values absent: {listed}")
+
+
 def probe_xid(nvml: Nvml, seconds: float) -> list[Check]:
     """Register for XID events on every GPU and listen a while, as the XID collector does."""
     try:
@@ -349,6 +408,9 @@ def run(
         driver = decode(nvml.query(N.nvmlSystemGetDriverVersion) or "")
         report.checks.append(clock_event_numbering(driver))
         report.checks.extend(probe_fields(nvml, (g.index for g in second.gpus if g.up), driver))
+        report.checks.append(pcie_counter_width(nvml, (g.index for g in second.gpus if g.up)))
+        report.checks.append(nvlink_states(second))
+        report.checks.append(failed_calls(second))
         listener.join(xid_seconds + 10)
         report.checks.extend(xid or [Check("XID events", "fail", "the event wait did not return")])
     finally:

@@ -8,9 +8,22 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from exporter.gpu_readings import DeviceFacts
-from exporter.metricdef import counter, gauge, info, label
+from exporter.metricdef import counter, gauge, info, label, nested
 
 R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class CallErrors:
+    """NVML calls of one function that failed alone, by error name."""
+
+    function: str = label()
+    errors: dict[str, int] | None = counter(
+        "llmgpu_exporter_nvml_call_errors_total",
+        "NVML calls that failed on their own, by function and error name: their values are "
+        "absent and the GPU stays up (NoPermission, InvalidArgument for a link a part lacks)",
+        label="error",
+    )
 
 
 @dataclass(frozen=True)
@@ -33,6 +46,7 @@ class CollectorStatus:
         "Errors by name (NVML error names such as GpuIsLost, or the exception type)",
         label="error",
     )
+    calls: tuple[CallErrors, ...] = nested(CallErrors)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,9 @@ class Output:
     `gpus` maps a GPU index to its readings; `gpu_errors` names the error that kept a
     GPU from being read (that GPU is then reported down); `node` holds readings that
     belong to no single GPU (engines, allocator probes). `errors` counts this run's
-    failures by name; a run with none is a success. `by_uuid` holds GPU readings of a
+    failures by name; a run with none is a success. `call_errors` counts the NVML calls
+    among them that failed alone (function, error name): their values are absent and
+    the GPU stays up. `by_uuid` holds GPU readings of a
     source that names GPUs by UUID rather than NVML index (a co-located dcgm-exporter);
     the runner puts them on the GPU with that UUID and drops those of GPUs not here.
     """
@@ -31,6 +33,7 @@ class Output:
     errors: Mapping[str, int] = field(default_factory=dict)
     unsupported: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # gpu -> families
     by_uuid: Mapping[str, tuple[object, ...]] = field(default_factory=dict)
+    call_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 class Collector:

@@ -11,6 +11,7 @@ after a driver reload (new buffers are then allocated on the new session).
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,7 +93,10 @@ class GpmCollector(GpuCollector):
             return None
         if state.metric_ids is None:  # probe once: keep the ids this GPU answers
             state.metric_ids = [m for m in ids if m in got]
-        state.last = Profiling(**{METRICS[m][0]: v * METRICS[m][1] for m, v in got.items()})
+        # A NaN is a blank, as DCGM reads it (DcgmGpmManager.cpp): never a value, so it
+        # neither reaches /metrics nor replaces a dcgm-exporter's in the field-by-field merge.
+        values = {METRICS[m][0]: v * METRICS[m][1] for m, v in got.items() if math.isfinite(v)}
+        state.last = Profiling(**values)
         return state.last
 
     def _metrics(self, first: Any, second: Any, ids: list[int]) -> dict[int, float] | None:

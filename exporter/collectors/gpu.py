@@ -5,8 +5,9 @@ A read goes through `query`, `field_values` and `query_versioned` here, which ke
 failed function's values absent and count its error by name; `held` keeps a value that
 changes only on an admin's or a link's doing (power limit, link width, BAR1 size) for
 HELD_S between reads, a quarter of the NVML calls of a cycle. Only a failure of the GPU
-itself (a DEVICE_GONE error, no handle, or every call of the read failing) marks the
-GPU down for this collector and drops its handle and per-GPU state.
+itself (a DEVICE_GONE error, no handle, a handle that no longer resolves, or every call
+of the read failing) marks the GPU down for this collector and drops its handle and
+per-GPU state. Each call that failed alone is counted by function and error name.
 
 An error saying the driver went away (RELOADED: unloaded, reloaded, upgraded) is about
 every GPU and the whole session: every GPU is down, and each run asks `Nvml.recover` to
@@ -23,7 +24,7 @@ from typing import Any
 
 from exporter.collectors.base import Collector, Context, Output
 from exporter.metricdef import has_value
-from exporter.nvml import DEVICE_GONE, RELOADED, UNANSWERED, Nvml, NvmlError
+from exporter.nvml import DEVICE_GONE, INVALID_ARGUMENT, RELOADED, UNANSWERED, Nvml, NvmlError
 
 log = logging.getLogger(__name__)
 HELD_S = 10.0  # collector-clock seconds a `held` value is kept before it is read again
@@ -48,6 +49,7 @@ class GpuCollector(Collector):
         self._clock = ctx.clock
         self._calls = 0
         self._failed: Counter[str] = Counter()
+        self._failed_calls: Counter[tuple[str, str]] = Counter()  # (function, error) this run
         self._logged: set[tuple[str, str]] = set()
         self._held: dict[tuple[int, str], tuple[float, Any]] = {}  # (GPU, what) -> (read at, value)
         self._generation = self.nvml.generation  # the NVML session this collector's state is of
@@ -80,6 +82,7 @@ class GpuCollector(Collector):
     def failed(self, err: NvmlError) -> None:
         """Count a call that failed alone (for reads that handle an error themselves)."""
         self._failed[err.name] += 1
+        self._failed_calls[(err.function, err.name)] += 1
         if (err.function, err.name) not in self._logged:
             self._logged.add((err.function, err.name))
             log.warning("%s: %s failed (%s); its values stay absent", self.name, err.function, err.name)
@@ -119,6 +122,7 @@ class GpuCollector(Collector):
         gpu_errors: dict[int, str] = {}
         unsupported: dict[int, tuple[str, ...]] = {}
         errors: Counter[str] = Counter()
+        calls: Counter[tuple[str, str]] = Counter()
         if not self.nvml.recover(self._clock()):
             lost = self.nvml.lost or "Uninitialized"
             return Output(gpu_errors=dict.fromkeys(range(self.nvml.count), lost), errors={lost: 1})
@@ -126,18 +130,14 @@ class GpuCollector(Collector):
             self._generation = self.nvml.generation
             self.reset()
         for index in range(self.nvml.count):
-            self._calls, self._failed = 0, Counter()
+            self._calls, self._failed, self._failed_calls = 0, Counter(), Counter()
             try:
-                reading = self.read(index, self.nvml.handle(index))
-            except NvmlError as err:
-                down: str | None = err.name
+                reading, down = self._read(index)
+            except NvmlError as err:  # RELOADED: the whole session is gone, not this GPU
                 errors[err.name] += 1
-                if err.name in RELOADED:  # the whole session is gone, not this GPU
-                    self.nvml.session_lost(err.name)
-                    gpu_errors.update(dict.fromkeys(range(index, self.nvml.count), err.name))
-                    break
-            else:
-                down = self._unanswered()
+                self.nvml.session_lost(err.name)
+                gpu_errors.update(dict.fromkeys(range(index, self.nvml.count), err.name))
+                break
             errors.update(self._failed)
             if down is not None:
                 gpu_errors[index] = down
@@ -145,8 +145,44 @@ class GpuCollector(Collector):
                 self.forget(index)
                 self._held = {k: v for k, v in self._held.items() if k[0] != index}
                 continue
+            calls.update(self._failed_calls)  # a GPU that is down failed, not its calls
             if reading is not None and has_value(reading):
                 gpus[index] = (reading,)
             elif not self._failed:  # nothing failed: the GPU does not have it
                 unsupported[index] = (self.name,)
-        return Output(gpus=gpus, gpu_errors=gpu_errors, errors=dict(errors), unsupported=unsupported)
+        return Output(
+            gpus=gpus,
+            gpu_errors=gpu_errors,
+            errors=dict(errors),
+            unsupported=unsupported,
+            call_errors=dict(calls),
+        )
+
+    def _read(self, index: int) -> tuple[object | None, str | None]:
+        """One GPU's reading, and the error that says the GPU itself failed (or None)."""
+        try:
+            h = self.nvml.handle(index)
+        except NvmlError as err:
+            if err.name in RELOADED:
+                raise
+            self._failed[err.name] += 1
+            return None, err.name
+        reading = None
+        try:
+            reading = self.read(index, h)
+        except NvmlError as err:  # a call the read did not guard
+            if err.name in RELOADED:
+                raise
+            if err.name in DEVICE_GONE:
+                self._failed[err.name] += 1
+                return None, err.name
+            self.failed(err)
+        if INVALID_ARGUMENT in self._failed:
+            if not self.nvml.resolves(index, h):
+                # A stale handle, not an argument the part lacks: one failure, of the GPU.
+                self._failed = Counter({INVALID_ARGUMENT: 1})
+                return None, INVALID_ARGUMENT
+            # A link or counter the part lacks: an answer about that call, counted with the
+            # calls (call_errors), not a failure of the collector.
+            del self._failed[INVALID_ARGUMENT]
+        return reading, self._unanswered()

@@ -25,6 +25,9 @@ from exporter.nvml import (
     FI_NVLINK_LINK_COUNT,
     FI_NVLINK_THROUGHPUT_DATA_RX,
     FI_NVLINK_THROUGHPUT_DATA_TX,
+    NVLINK_STATE_ACTIVE,
+    NVLINK_STATE_INACTIVE,
+    NVLINK_STATE_SLEEP,
     SCOPE_ALL_LINKS,
     NvmlError,
 )
@@ -42,7 +45,16 @@ SLOW_EVERY = 10  # state and error counters change rarely: read every 10 runs
 BYTES = (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX)
 SUMS = [(fid, SCOPE_ALL_LINKS) for fid in BYTES]
 
-Health = tuple[int | None, dict[str, int] | None]
+Health = tuple[int | None, dict[str, int] | None]  # (NVML_NVLINK_STATE_*, error counters)
+STATES = (NVLINK_STATE_INACTIVE, NVLINK_STATE_ACTIVE, NVLINK_STATE_SLEEP)
+
+
+def _port(link: int, state: int | None, **values: Any) -> NvLinkPort:
+    """A link whose state is one nvml.h names; any other answer leaves its state unknown."""
+    known = state in STATES
+    up = int(state == NVLINK_STATE_ACTIVE) if known else None
+    sleeping = int(state == NVLINK_STATE_SLEEP) if known else None
+    return NvLinkPort(link, up, sleeping, **values)
 
 
 def _health_fields(link: int) -> list[tuple[int, int]]:
@@ -125,22 +137,22 @@ class NvLinkCollector(GpuCollector):
             state = self._state.get(index)
             if state is None:
                 state = self._state[index] = NvLink(
-                    links=tuple(NvLinkPort(link, health[link][0], errors=health[link][1]) for link in links)
+                    links=tuple(_port(link, health[link][0], errors=health[link][1]) for link in links)
                 )
             return dataclasses.replace(state, tx_bytes=_bytes(got[SUMS[0]]), rx_bytes=_bytes(got[SUMS[1]]))
         ports = []
         for link in links:
             tx = got.get((FI_NVLINK_THROUGHPUT_DATA_TX, link))
             rx = got.get((FI_NVLINK_THROUGHPUT_DATA_RX, link))
-            up, errors = health[link]
-            ports.append(NvLinkPort(link, up, tx_bytes=_bytes(tx), rx_bytes=_bytes(rx), errors=errors))
+            link_state, errors = health[link]
+            ports.append(_port(link, link_state, tx_bytes=_bytes(tx), rx_bytes=_bytes(rx), errors=errors))
         return NvLink(links=tuple(ports))
 
     def _link_health(self, h: Any, link: int, got: dict[tuple[int, int], float]) -> Health:
         """State and error counters from the fields; a function call only for what they lack."""
         q = self.query
-        state = got.get((FI_NVLINK_GET_STATE, link))
-        up = int(state) if state is not None else q(N.nvmlDeviceGetNvLinkState, h, link)
+        field = got.get((FI_NVLINK_GET_STATE, link))
+        state = int(field) if field is not None else q(N.nvmlDeviceGetNvLinkState, h, link)
         errors: dict[str, int | None] = {}
         for name, (fid, counter) in NVLINK_ERRORS.items():
             v = got.get((fid, link))
@@ -153,7 +165,7 @@ class NvLinkCollector(GpuCollector):
         errors["crc_data"] = (
             int(data) if data is not None else q(N.nvmlDeviceGetNvLinkErrorCounter, h, link, CRC_DATA_COUNTER)
         )
-        return up, {k: v for k, v in errors.items() if v is not None} or None
+        return state, {k: v for k, v in errors.items() if v is not None} or None
 
 
 def _bytes(kib: float | None) -> int | None:

@@ -1,4 +1,9 @@
-"""Power draw, the enforced limit, the energy counter, GPU and HBM temperature."""
+"""Power draw, the enforced limit, the energy counter, GPU and HBM temperature.
+
+The die temperature is read with nvmlDeviceGetTemperatureV where the driver (R570, CUDA
+12.8) and the binding (12.570) have it: nvmlDeviceGetTemperature is deprecated from CUDA
+13.0's nvml.h. Older drivers and bindings answer FunctionNotFound and the old call is used.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from typing import Any
 from exporter.collectors.base import Context, register
 from exporter.collectors.gpu import GpuCollector
 from exporter.gpu_readings import Power
-from exporter.nvml import FI_MEMORY_TEMP
+from exporter.nvml import FI_MEMORY_TEMP, function
 from exporter.nvml import const as N
 
 MEMORY_TEMP = (FI_MEMORY_TEMP, 0)
@@ -26,7 +31,13 @@ class PowerCollector(GpuCollector):
             usage_watts=usage / 1000 if usage is not None else None,
             limit_watts=limit / 1000 if limit is not None else None,
             energy_joules=energy / 1000 if energy is not None else None,
-            gpu_celsius=q(N.nvmlDeviceGetTemperature, h, N.NVML_TEMPERATURE_GPU),
+            gpu_celsius=self.query_versioned(
+                "nvmlDeviceGetTemperature",
+                [
+                    lambda: function("nvmlDeviceGetTemperatureV")(h, N.NVML_TEMPERATURE_GPU),
+                    lambda: N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU),
+                ],
+            ),
             memory_celsius=mem_temp or None,  # 0 means the sensor is not wired
         )
 

@@ -37,7 +37,13 @@ FIELDS: tuple[Field, ...] = (
     Field("DCGM_FI_PROF_NVLINK_TX_BYTES", "nvlink_tx_bytes_per_second", BYTES_PER_SECOND, False),
     Field("DCGM_FI_PROF_NVLINK_RX_BYTES", "nvlink_rx_bytes_per_second", BYTES_PER_SECOND, False),
 )
-BY_NAME = {f.dcgm: f for f in FIELDS}
+# dcgm-exporter's 1.x compatibility mode (`--use-old-namespace`,
+# etc/1.x-compatibility-metrics.csv) names a field by go-dcgm's legacy lower-case name
+# (NVIDIA/go-dcgm pkg/dcgm/legacy_fields.csv: dcgm_fi_prof_sm_active = 1002, ...): the
+# same DCGM field and value under another name. Of the fields read here, these six have one.
+LEGACY = ("SM_ACTIVE", "SM_OCCUPANCY", "PIPE_TENSOR_ACTIVE", "DRAM_ACTIVE", "PCIE_TX_BYTES", "PCIE_RX_BYTES")
+CANONICAL = {f.dcgm: f for f in FIELDS}
+BY_NAME = CANONICAL | {f"dcgm_fi_prof_{n.lower()}": CANONICAL[f"DCGM_FI_PROF_{n}"] for n in LEGACY}
 BY_TARGET = {f.target: f for f in FIELDS}
 
 # DCGM marks a value it does not have with sentinels near the top of the type's range

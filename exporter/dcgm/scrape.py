@@ -24,6 +24,7 @@ from exporter.dcgm.fields import (
     RATIO,
     RATIO_MAX,
     UUID_LABELS,
+    Field,
 )
 
 
@@ -49,10 +50,10 @@ class DcgmPage:
     samples: int = 0  # every sample on the page
 
 
-def _value(name: str, raw: float) -> float | None:
+def _value(spec: Field, raw: float) -> float | None:
     if math.isnan(raw) or math.isinf(raw) or raw < 0 or raw >= DCGM_FP64_BLANK:
         return None
-    if BY_NAME[name].unit == RATIO and raw > RATIO_MAX:
+    if spec.unit == RATIO and raw > RATIO_MAX:
         return None
     return float(raw)
 
@@ -78,14 +79,14 @@ def read_page(families: Iterable[Metric]) -> DcgmPage:
             spec = BY_NAME.get(sample.name)
             if spec is None:
                 continue
-            seen.add(sample.name)
+            seen.add(spec.dcgm)  # a 1.x-mode page's lower-case name, as the field's own
             if not uuid:
                 dropped += 1
                 continue
             if labels.get(MIG_LABEL):
                 mig += 1
                 continue
-            value = _value(sample.name, sample.value)
+            value = _value(spec, sample.value)
             if value is None:
                 dropped += 1
                 continue

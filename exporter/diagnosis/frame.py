@@ -102,7 +102,8 @@ class GpuFrame:
     energy_joules_total: float | None = None  # NVML's energy counter (since driver load)
     temperature_celsius: float | None = None
     pcie_replays_total: float | None = None
-    nvlink_links_up: int | None = None  # None: the GPU has no NVLink (or cannot say)
+    nvlink_links_up: int | None = None  # active links; None: the GPU has no NVLink (or cannot say)
+    nvlink_links_sleeping: int | None = None  # asleep: not down, and ready for traffic
     nvlink_tx_bytes_per_second: float | None = None  # GPM, when the GPU has it
     nvlink_rx_bytes_per_second: float | None = None
     nvlink_tx_bytes_total: float | None = None  # link counters, for GPUs without GPM

@@ -378,6 +378,7 @@ GPU: tuple[Input, ...] = (
         INFO_SRC,
         then=links_up,
     ),
+    gpu("nvlink_links_sleeping", "llmgpu_gpu_nvlink_links_sleeping", then=_int),
     gpu("nvlink_tx_bytes_per_second", "llmgpu_gpu_nvlink_tx_bytes_per_second"),
     gpu("nvlink_rx_bytes_per_second", "llmgpu_gpu_nvlink_rx_bytes_per_second"),
     gpu("nvlink_tx_bytes_total", "llmgpu_gpu_nvlink_tx_bytes_total"),

@@ -25,10 +25,9 @@ from exporter.nvml import (
     FI_PERF_POLICY_THERMAL,
 )
 
-# Fields first in nvidia-ml-py 12.575 / 13.580 (absent from 12.535-12.570): PCIe byte
-# counters. The SW power cap and SW thermal durations (ids 74 and 75, the perf-policy
-# counters) are known to every branch here.
-NEW_IN_R575 = frozenset({FI_PCIE_COUNT_TX_BYTES, FI_PCIE_COUNT_RX_BYTES})
+# PCIe byte counters: first in CUDA 12.5's nvml.h (R555) and in nvidia-ml-py 12.555.43;
+# absent from 12.550.89 and every release before.
+NEW_IN_R555 = frozenset({FI_PCIE_COUNT_TX_BYTES, FI_PCIE_COUNT_RX_BYTES})
 # Ids 251-273 by header: nvml.h 12.8 (R570) ends at 268 with the 18 power-smoothing
 # settings from 251 (NVML_FI_PWR_SMOOTHING_*); 12.9 and 13.0 (R575, R580 up to 580.65; the
 # bindings 12.575.51, 13.580.65) put the SW thermal, HW thermal and HW power brake
@@ -39,6 +38,9 @@ FI_SINCE_R570 = frozenset(range(251, 269))
 FI_SINCE_R575 = frozenset(range(269, 274))
 CLOCK_EVENTS_R575 = (251, 252, 253)  # (SW thermal, HW thermal, HW power brake)
 CLOCK_EVENTS_R580_82 = (269, 270, 271)
+# nvmlDeviceGetTemperatureV is first in CUDA 12.8's nvml.h (R570); the call it replaces is
+# deprecated from CUDA 13.0.
+NEW_SYMBOLS_R570 = frozenset({"nvmlDeviceGetTemperatureV"})
 # Link-scoped NVLink error fields (NVML_FI_DEV_NVLINK_ERROR_DL_*) arrived with R520.
 NEW_IN_R520 = frozenset({FI_NVLINK_ERROR_DL_REPLAY, FI_NVLINK_ERROR_DL_RECOVERY, FI_NVLINK_ERROR_DL_CRC})
 
@@ -50,13 +52,21 @@ class Driver:
     cuda: int  # nvmlSystemGetCudaDriverVersion, 1000 * major + 10 * minor
     missing: frozenset[str] = frozenset()  # symbols the library does not export
     unknown_fields: frozenset[int] = frozenset()  # ids it refuses inside a successful call
-    # Bytes per record nvmlDeviceGetComputeRunningProcesses_v3 writes: 12.2's nvml.h (R535)
-    # put usedGpuCcProtectedMemory into nvmlProcessInfo_t (32 bytes); R550 took it out (24).
-    process_v3_record: int = 24
     # Where the clock-event durations are (SW thermal, HW thermal, HW power brake), and the
     # first of the 18 power-smoothing settings: None where the header has none.
     clock_events: tuple[int, int, int] | None = None
     power_smoothing_from: int | None = None
+
+    @property
+    def process_v3_record(self) -> int:
+        """Bytes per record nvmlDeviceGetComputeRunningProcesses_v3 writes. nvml.h of CUDA
+        12.2.0 and 12.2.1 (nvidia-nvml-dev-cu12 12.2.81, 12.2.128; drivers 535.54, 535.86)
+        gave nvmlProcessInfo_t a usedGpuCcProtectedMemory (32 bytes), and nvidia-ml-py
+        12.535.77 copied it; 12.2.2's header (12.2.140, driver 535.104) made it the 24-byte
+        nvmlProcessInfo_v2_t again and moved the 32-byte layout to nvmlProcessDetail_v1_t
+        (nvmlDeviceGetRunningProcessDetailList). The fake writes as each header says."""
+        major, minor = (int(x) for x in self.version.split(".")[:2])
+        return 32 if major == 535 and minor < 104 else 24
 
 
 DRIVERS: dict[str, Driver] = {
@@ -79,9 +89,10 @@ DRIVERS: dict[str, Driver] = {
                 "nvmlGpmSampleGet",
                 "nvmlGpmMigSampleGet",
                 "nvmlGpmMetricsGet",
+                *NEW_SYMBOLS_R570,
             }
         ),
-        unknown_fields=NEW_IN_R575 | NEW_IN_R520 | FI_SINCE_R570 | FI_SINCE_R575,
+        unknown_fields=NEW_IN_R555 | NEW_IN_R520 | FI_SINCE_R570 | FI_SINCE_R575,
     ),
     # R515 (CUDA 11.7): _v3 processes and nvmlDeviceGetMemoryInfo_v2 (both R510) with
     # 24-byte records; still before GPM (R525), the link-scoped NVLink error fields (R520),
@@ -100,24 +111,29 @@ DRIVERS: dict[str, Driver] = {
                 "nvmlGpmSampleGet",
                 "nvmlGpmMigSampleGet",
                 "nvmlGpmMetricsGet",
+                *NEW_SYMBOLS_R570,
             }
         ),
-        unknown_fields=NEW_IN_R575 | NEW_IN_R520 | FI_SINCE_R570 | FI_SINCE_R575,
+        unknown_fields=NEW_IN_R555 | NEW_IN_R520 | FI_SINCE_R570 | FI_SINCE_R575,
     ),
-    # R535 (CUDA 12.2): 32-byte _v3 process records; no nvmlDeviceGetNumaNodeId (absent
-    # from binding 12.535, whose pynvml.py has no such function).
+    # R535 (CUDA 12.2) as first released, 535.54.03: 32-byte _v3 process records (see
+    # Driver.process_v3_record; 535.104 and later write 24); no nvmlDeviceGetNumaNodeId
+    # (absent from binding 12.535, whose pynvml.py has no such function).
     "R535": Driver(
         "R535",
-        "535.216.03",
+        "535.54.03",
         12020,
-        missing=frozenset({"nvmlDeviceGetNumaNodeId"}),
-        unknown_fields=NEW_IN_R575 | FI_SINCE_R570 | FI_SINCE_R575,
-        process_v3_record=32,
+        missing=frozenset({"nvmlDeviceGetNumaNodeId", *NEW_SYMBOLS_R570}),
+        unknown_fields=NEW_IN_R555 | FI_SINCE_R570 | FI_SINCE_R575,
     ),
-    "R550": Driver("R550", "550.127.08", 12040, unknown_fields=NEW_IN_R575 | FI_SINCE_R570 | FI_SINCE_R575),
-    "R570": Driver(
-        "R570", "570.133.20", 12080, unknown_fields=NEW_IN_R575 | FI_SINCE_R575, power_smoothing_from=251
+    "R550": Driver(
+        "R550",
+        "550.127.08",
+        12040,
+        missing=NEW_SYMBOLS_R570,
+        unknown_fields=NEW_IN_R555 | FI_SINCE_R570 | FI_SINCE_R575,
     ),
+    "R570": Driver("R570", "570.133.20", 12080, unknown_fields=FI_SINCE_R575, power_smoothing_from=251),
     # R575 and R580 up to 580.65: the durations at 251-253, power smoothing at 256-273.
     "R575": Driver("R575", "575.64.05", 12090, clock_events=CLOCK_EVENTS_R575, power_smoothing_from=256),
     "R580": Driver("R580", "580.65.06", 13000, clock_events=CLOCK_EVENTS_R575, power_smoothing_from=256),

@@ -52,6 +52,7 @@ GPU_KEYS: dict[str, float] = {
     "fp16_active": 0.0,
     "fp32_active": 0.0,
     "fp64_active": 0.0,
+    "gpm_nan": 0.0,  # 1: GPM answers NaN for SM activity and occupancy (DCGM takes NaN as blank)
     "memory_used_ratio": 0.01,  # of total framebuffer
     "power_ratio": 0.12,  # of the enforced limit
     "power_limit_watts": 0.0,  # the enforced limit; starts at the model's (Timeline)
@@ -67,9 +68,12 @@ GPU_KEYS: dict[str, float] = {
     "pcie_tx_bps": 1e6,
     "pcie_rx_bps": 1e6,
     "pcie_replay_rate": 0.0,
+    "pcie_counter_wrap": 0.0,  # bytes at which the PCIe byte counters wrap to 0 (0: never)
     "nvlink_tx_bps": 0.0,  # whole GPU, spread evenly over its links
     "nvlink_rx_bps": 0.0,
     "nvlink_error_rate": 0.0,
+    "nvlink_links_sleeping": 0.0,  # links in SLEEP (NVML_NVLINK_STATE_SLEEP): the highest-numbered
+    "nvlink_links_inactive": 0.0,  # links down (INACTIVE): the ones below the sleeping ones
     "ecc_corrected_rate": 0.0,
     "ecc_uncorrected_rate": 0.0,
     # Levels, not rates: what the GPU had counted before the scenario began, the current
@@ -86,7 +90,7 @@ GPU_KEYS: dict[str, float] = {
 
 FAULT_KINDS = ("error", "hang", "lost", "xid", "engine_down", "reload")
 
-NVLINK_KEYS = ("nvlink_tx_bps", "nvlink_rx_bps", "nvlink_error_rate")
+NVLINK_KEYS = tuple(k for k in GPU_KEYS if k.startswith("nvlink_"))
 ECC_KEYS = ("ecc_corrected_rate", "ecc_uncorrected_rate")
 PROFILING_SOURCE_KEY = "dcgm_exporter"  # a top-level key: DCGM's profiling fields stand in for GPM
 

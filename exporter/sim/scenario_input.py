@@ -65,6 +65,9 @@ RANGES: dict[str, tuple[float, float]] = {
     "pcie_link_width": (0.0, 32.0),
     "itl_jitter": (1.0, 1000.0),  # p99 over p50: at least 1; its log-normal spread stays finite
     "api_cpu": (0.0, 1024.0),  # cores
+    "gpm_nan": (0.0, 1.0),
+    "nvlink_links_sleeping": (0.0, 18.0),  # NVML_NVLINK_MAX_LINKS
+    "nvlink_links_inactive": (0.0, 18.0),
 }
 
 

@@ -77,7 +77,14 @@ def _escape(value: str) -> str:
 
 
 def _help(text: str) -> str:
+    """HELP text in the Prometheus text format, which escapes only backslash and newline."""
     return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _help_om(text: str) -> str:
+    """HELP text in OpenMetrics, whose ABNF writes it as an escaped string: a double quote
+    is escaped too, as client_python's OpenMetrics writer does."""
+    return _help(text).replace('"', '\\"')
 
 
 class _LabelCache(dict[Labels, str]):
@@ -229,9 +236,14 @@ class Family:
             short = name.removesuffix("_total" if kind == "counter" else "_info")
             text_kind = "counter" if kind == "counter" else "gauge"
             self.text = f"# HELP {name} {help_line}\n# TYPE {name} {text_kind}\n{body}".encode()
-            self.om = f"# HELP {short} {help_line}\n# TYPE {short} {kind}\n{body}".encode()
+            self.om = f"# HELP {short} {_help_om(metric.help)}\n# TYPE {short} {kind}\n{body}".encode()
         else:
-            self.text = self.om = f"# HELP {name} {help_line}\n# TYPE {name} {kind}\n{body}".encode()
+            self.text = f"# HELP {name} {help_line}\n# TYPE {name} {kind}\n{body}".encode()
+            self.om = (
+                self.text
+                if '"' not in metric.help
+                else f"# HELP {name} {_help_om(metric.help)}\n# TYPE {name} {kind}\n{body}".encode()
+            )
 
 
 Slots = tuple[tuple[str, int], ...]  # where each of a reading's chunks sits: family, index in its parts

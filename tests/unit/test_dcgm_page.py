@@ -65,6 +65,35 @@ def test_both_uuid_and_hostname_spellings_are_read() -> None:
     assert old.gpus["GPU-1"].values == new.gpus["GPU-1"].values == {"sm_active_ratio": 0.5}
 
 
+def test_a_1x_compatibility_page_is_read_by_its_lower_case_names() -> None:
+    """dcgm-exporter --use-old-namespace (etc/1.x-compatibility-metrics.csv) names the
+    fields by go-dcgm's legacy names (pkg/dcgm/legacy_fields.csv) and the UUID `uuid`."""
+    rows = "".join(
+        f'dcgm_fi_prof_{name}{{gpu="0",uuid="GPU-1",device="nvidia0",modelName="NVIDIA A100"}} {v}\n'
+        for name, v in (
+            ("sm_active", 0.5),
+            ("dram_active", 0.25),
+            ("pipe_tensor_active", 0.125),
+            ("pcie_tx_bytes", 1000),
+            ("gr_engine_active", 0.9),
+        )
+    )
+    page = page_of(rows)
+    assert page.gpus["GPU-1"].values == {
+        "sm_active_ratio": 0.5,
+        "dram_active_ratio": 0.25,
+        "tensor_active_ratio": 0.125,
+        "pcie_tx_bytes_per_second": 1000,
+    }
+    assert page.fields == {
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+    }
+    assert page_of(rows.replace("0.25", "25.0")).dropped == 1  # a percentage is still no ratio
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [

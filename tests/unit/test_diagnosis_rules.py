@@ -330,6 +330,23 @@ def test_tp_over_pcie() -> None:
     # unknown NVLink state: no verdict
     unknown = tuple(replace(g, nvlink_links_up=None) for g in pcie)
     assert not fires("parallel/tp_over_pcie", [with_engine(gpus=unknown)])
+    # every link asleep (an idle group): NVLink is there, it wakes for traffic
+    asleep = tuple(replace(gpu(i), nvlink_links_up=0, nvlink_links_sleeping=18) for i in range(2))
+    assert not fires("parallel/tp_over_pcie", [with_engine(gpus=asleep)])
+
+
+def test_a_sleeping_link_counts_once_in_the_nvlink_capacity() -> None:
+    r = TH.nvlink_saturation_ratio
+    # 16 links active and 2 asleep: 18 links of capacity, not 16 nor 20
+    busy = 18 * TH.nvlink_link_bytes_per_second * r
+    assert fires(
+        "parallel/nvlink_saturated",
+        [one(nvlink_links_up=16, nvlink_links_sleeping=2, nvlink_tx_bytes_per_second=busy)],
+    )
+    assert not fires(
+        "parallel/nvlink_saturated",
+        [one(nvlink_links_up=16, nvlink_links_sleeping=2, nvlink_tx_bytes_per_second=busy * 0.99)],
+    )
 
 
 # ---- decoding ------------------------------------------------------------------------

@@ -72,3 +72,34 @@ def test_histogram_and_info_render() -> None:
     assert 'llmgpu_test_info{k="v",target="a:1"} 1.0' in text
     assert [m.name for m, _, _ in samples(reading)] == ["llmgpu_test_seconds", "llmgpu_test_info"]
     assert isinstance(next(iter(samples(reading)))[0], MetricDef)
+
+
+def test_help_with_a_quote_is_escaped_in_openmetrics_only() -> None:
+    """OpenMetrics escapes `"` in HELP (client_python's openmetrics writer); the text
+    format escapes only backslash and newline, so a quote stays as it is there."""
+    from dataclasses import dataclass
+
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
+
+    from exporter.metricdef import counter, gauge
+
+    said = 'nvml.h: "Value can be wrapped" (a \\ too)'
+
+    @dataclass(frozen=True)
+    class R:
+        g: float | None = gauge("llmgpu_test_quoted", said)
+        c: int | None = counter("llmgpu_test_quoted_things_total", said)
+
+    rendered = render(Snapshot(taken_at=0.0, node={R: (R(g=1.0, c=2),)}))
+    om = rendered.openmetrics.decode()
+    assert '# HELP llmgpu_test_quoted nvml.h: \\"Value can be wrapped\\" (a \\\\ too)\n' in om
+    assert '# HELP llmgpu_test_quoted_things nvml.h: \\"Value can be wrapped\\"' in om
+    assert {f.name: f.documentation for f in om_families(om)} == {
+        "llmgpu_test_quoted": said,
+        "llmgpu_test_quoted_things": said,
+    }
+    text = rendered.text.decode()
+    assert '# HELP llmgpu_test_quoted nvml.h: "Value can be wrapped" (a \\\\ too)\n' in text
+    assert {f.name: f.documentation for f in text_string_to_metric_families(text)}[
+        "llmgpu_test_quoted"
+    ] == said

@@ -66,15 +66,16 @@ def reference(snapshot: Snapshot, exposure: Exposure) -> tuple[bytes, bytes]:
     for name in sorted(by_name):
         metric, lines = by_name[name]
         help_ = metric.help.replace("\\", "\\\\").replace("\n", "\\n")
+        om_help = help_.replace('"', '\\"')  # OpenMetrics escapes a quote in HELP too
         if metric.kind in ("counter", "info"):
             short = name.removesuffix("_total" if metric.kind == "counter" else "_info")
             text.append(
                 f"# HELP {name} {help_}\n# TYPE {name} {'counter' if metric.kind == 'counter' else 'gauge'}\n"
             )
-            om.append(f"# HELP {short} {help_}\n# TYPE {short} {metric.kind}\n")
+            om.append(f"# HELP {short} {om_help}\n# TYPE {short} {metric.kind}\n")
         else:
             text.append(f"# HELP {name} {help_}\n# TYPE {name} {metric.kind}\n")
-            om.append(text[-1])
+            om.append(f"# HELP {name} {om_help}\n# TYPE {name} {metric.kind}\n")
         text.append("".join(lines))
         om.append("".join(lines))
     return "".join(text).encode(), ("".join(om) + "# EOF\n").encode()

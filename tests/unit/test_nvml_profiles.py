@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import pynvml
 import pytest
 
-from exporter.gpu_readings import Clocks, Memory, NvLink, Pcie, Processes, Profiling, Xid
+from exporter.gpu_readings import Clocks, Memory, NvLink, Pcie, Power, Processes, Profiling, Xid
 from exporter.sim import fakenvml
 from exporter.sim.drivers import profile
 from exporter.sim.gpu_models import MODELS
@@ -35,8 +37,9 @@ phases:
 
 @pytest.mark.parametrize("driver", ["R470", "R535", "R550", "R580"])
 def test_processes_are_read_right_on_every_branch(sim, driver: str) -> None:  # type: ignore[no-untyped-def]
-    # R535 writes 32-byte _v3 records (the binding reads 24); R470 has no _v3 symbol
-    # (the binding's unversioned wrapper raises NVMLLibraryMismatchError).
+    # R535 as first released writes 32-byte _v3 records (the binding reads 24 from 12.535.108
+    # on); R470 has no _v3 symbol (the binding's unversioned wrapper raises
+    # NVMLLibraryMismatchError).
     s = sim(scenario(driver=driver))
     procs = s.at(5).gpu(0).get(Processes)
     assert procs is not None and procs.count == 3
@@ -44,6 +47,27 @@ def test_processes_are_read_right_on_every_branch(sim, driver: str) -> None:  # 
     assert pids == [SIM_PID_BASE, SIM_PID_BASE + 100, SIM_PID_BASE + 200]
     used = {p.used_bytes for p in procs.items}
     assert len(used) == 1 and next(iter(used)) > 10 * 1024**3  # an equal share each, none garbled
+
+
+@pytest.mark.parametrize(
+    ("version", "record"),
+    [("535.54.03", 32), ("535.86.10", 32), ("535.104.05", 24), ("535.216.03", 24), ("550.127.08", 24)],
+)
+def test_the_v3_record_size_follows_the_drivers_release(sim, version: str, record: int) -> None:  # type: ignore[no-untyped-def]
+    """nvml.h of CUDA 12.2.0/12.2.1 (drivers 535.54, 535.86) had a 32-byte nvmlProcessInfo_t;
+    12.2.2's (535.104) the 24-byte nvmlProcessInfo_v2_t again. The exporter reads _v3 (where
+    a driver lacks _v2) with the size its release writes: no process garbled."""
+    from exporter.sim.drivers import resolve_driver
+
+    assert resolve_driver(version).process_v3_record == record
+    s = sim(scenario().replace("model: H100-80GB-SXM", f'model: H100-80GB-SXM, driver: "{version}"'))
+    s.at(1)
+    nvml = s.exporter.nvml
+    assert ctypes.sizeof(nvml._v3_record()) == record
+    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses_v3")
+    procs = nvml._processes(fn, "v3", nvml.handle(0), nvml._v3_record())
+    assert sorted(pid for pid, _ in procs) == [SIM_PID_BASE, SIM_PID_BASE + 100, SIM_PID_BASE + 200]
+    assert len({used for _, used in procs}) == 1
 
 
 def test_clock_reasons_fall_back_to_the_throttle_name_on_old_drivers(sim) -> None:  # type: ignore[no-untyped-def]
@@ -166,12 +190,14 @@ def test_nvlink_reads_one_field_call_per_gpu(sim) -> None:  # type: ignore[no-un
     before = lib.calls
     s.runner.run_collector(slot)  # the first run is a slow one: state and error counters too
     # per GPU: its handle, the link-count field, one field-values call for all 18 links, and
-    # data CRC of links 12-17 (no field id past link 11); it was 5 calls per link (90)
-    assert lib.calls - before == 2 * (3 + 6)
+    # data CRC of links 12-17 (no field id past link 11); it was 5 calls per link (90). Those
+    # answer InvalidArgument, so the handle is fetched again once to tell a bad argument
+    # from a stale handle.
+    assert lib.calls - before == 2 * (3 + 6 + 1)
     links = s.at(3).gpu(0).get(NvLink).links
     assert len(links) == 18 and all(p.up == 1 for p in links)
     assert set(links[0].errors) == {"replay", "recovery", "crc_flit", "crc_data"}
-    assert set(links[17].errors) == {"replay", "recovery", "crc_flit", "crc_data"}
+    assert set(links[17].errors) == {"replay", "recovery", "crc_flit"}
 
 
 def _field_ids(slot, runner):  # type: ignore[no-untyped-def]
@@ -341,3 +367,20 @@ def test_the_hw_slowdown_ids_follow_the_driver_version() -> None:
         == {"hw_thermal": 270, "hw_power_brake": 271}
     )
     assert hw_slowdown_fields("580.76.05") is None and hw_slowdown_fields("") is None
+
+
+@pytest.mark.parametrize(
+    ("driver", "read_v"), [("R580", True), ("R570", True), ("R550", False), ("R470", False)]
+)
+def test_temperature_is_read_with_the_call_that_replaces_the_deprecated_one(
+    sim, driver: str, read_v: bool
+) -> None:  # type: ignore[no-untyped-def]
+    """nvml.h deprecates nvmlDeviceGetTemperature in CUDA 13.0 for nvmlDeviceGetTemperatureV
+    (first in CUDA 12.8, R570). A fault on the new call alone shows which one is read."""
+    fault = "faults: [{kind: error, function: nvmlDeviceGetTemperatureV, error: NoPermission, at: 0}]\n"
+    s = sim(scenario(driver=driver, extra=fault))
+    power = s.at(5).gpu(0).get(Power)
+    read_v = read_v and hasattr(pynvml, "nvmlDeviceGetTemperatureV")  # bindings from 12.570
+    assert (power.gpu_celsius is None) is read_v
+    s2 = sim(scenario(driver=driver))
+    assert s2.at(5).gpu(0).get(Power).gpu_celsius == pytest.approx(35, abs=2)  # the default temp_c

@@ -28,6 +28,13 @@ def _nvlink_rates(history: History, g: GpuFrame, window: float) -> tuple[float |
     return tx, rx
 
 
+def _links(g: GpuFrame) -> int | None:
+    """Links that carry traffic or wake for it: active ones and sleeping ones, each once."""
+    if g.nvlink_links_up is None:
+        return None
+    return g.nvlink_links_up + (g.nvlink_links_sleeping or 0)
+
+
 def _slower_clock(g: GpuFrame, group: list[GpuFrame]) -> bool:
     """The GPU computes slower than its peers: a throttle reason, or a clock 5 % lower."""
     if g.throttle_reasons and any(r not in ("gpu_idle", "applications_clocks") for r in g.throttle_reasons):
@@ -149,7 +156,8 @@ def sm_imbalance(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
     window="rate_window_s",
     title="NVLink near capacity",
     condition=(
-        "NVLink transmit or receive >= nvlink_saturation_ratio of active links x nvlink_link_bytes_per_second"
+        "NVLink transmit or receive >= nvlink_saturation_ratio of the links up or asleep "
+        "x nvlink_link_bytes_per_second"
     ),
     advice=(
         "Reduce collective traffic: fewer tensor-parallel ranks with more replicas, or overlap communication."
@@ -157,9 +165,10 @@ def sm_imbalance(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
 )
 def nvlink_saturated(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
     for g in _live(frame):
-        if not g.nvlink_links_up:
+        links = _links(g)
+        if not links:
             continue
-        capacity = g.nvlink_links_up * th.nvlink_link_bytes_per_second
+        capacity = links * th.nvlink_link_bytes_per_second
         tx, rx = _nvlink_rates(history, g, th.rate_window_s)
         busiest = max((v for v in (tx, rx) if v is not None), default=None)
         if busiest is None or busiest / capacity < th.nvlink_saturation_ratio:
@@ -175,9 +184,7 @@ def nvlink_saturated(frame: Frame, history: History, th: Th) -> Iterator[Candida
                 ),
                 Evidence("NVLink transmit", tx, "bytes_per_second"),
                 Evidence("NVLink receive", rx, "bytes_per_second"),
-                Evidence(
-                    f"capacity ({g.nvlink_links_up} links, per direction)", capacity, "bytes_per_second"
-                ),
+                Evidence(f"capacity ({links} links, per direction)", capacity, "bytes_per_second"),
             ),
             f"GPU {g.index}'s NVLinks run at {_pct(busiest / capacity)} of capacity",
         )
@@ -189,7 +196,7 @@ def nvlink_saturated(frame: Frame, history: History, th: Th) -> Iterator[Candida
     scope="engine",
     hold="tp_pcie_hold_s",
     title="Tensor parallel over PCIe only",
-    condition="an engine spans two or more GPUs and none of them has an active NVLink",
+    condition="an engine spans two or more GPUs and none of them has an NVLink active or asleep",
     advice=(
         "Prefer one GPU per replica (quantize to fit), or pipeline parallel across PCIe; keep TP "
         "inside NVLink."
@@ -200,7 +207,7 @@ def tp_over_pcie(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
         gpus = _engine_gpus(frame, e)
         if len(gpus) < 2 or any(g.mig_enabled for g in gpus):
             continue
-        if any(g.nvlink_links_up is None or g.nvlink_links_up > 0 for g in gpus):
+        if any((links := _links(g)) is None or links > 0 for g in gpus):
             continue
         yield Candidate(
             engine_subject(e),

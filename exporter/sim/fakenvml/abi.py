@@ -80,8 +80,11 @@ def set_pointer(ref: Any, addr: int) -> None:
 
 
 def matches(function: str | None, symbol: str) -> bool:
-    """A fault or quirk on `nvmlDeviceGetMemoryInfo` also hits its `_v2` symbol."""
-    return function is not None and (symbol == function or symbol.startswith(function + "_v"))
+    """A fault or quirk on `nvmlDeviceGetMemoryInfo` also hits its `_v2` symbol, and one on
+    `nvmlDeviceGetTemperature` its struct-versioned successor `nvmlDeviceGetTemperatureV`."""
+    return function is not None and (
+        symbol in (function, function + "V") or symbol.startswith(function + "_v")
+    )
 
 
 def noise(t: float, gpu: int, key: str) -> float:

@@ -6,6 +6,7 @@ MIG-enabled parent, with the GPU's own activity keys."""
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -40,6 +41,10 @@ GPM_KEYS = {
     N.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: ("nvlink_tx_bps", 1 / MIB),
     N.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: ("nvlink_rx_bps", 1 / MIB),
 }
+
+# What a scenario's `gpm_nan` turns to NaN, with NVML_SUCCESS: the SM ratios, whose
+# denominators (elapsed SM cycles) a GPU may report as nothing.
+NAN_WHEN_ASKED = frozenset({N.NVML_GPM_METRIC_SM_UTIL, N.NVML_GPM_METRIC_SM_OCCUPANCY})
 
 
 class Samples:
@@ -133,5 +138,8 @@ def metrics_get(lib: Library, ref: Any) -> int:
             continue
         key, scale = spec
         m.nvmlReturn = OK
+        if m.metricId in NAN_WHEN_ASKED and lib.t.gpu(g, "gpm_nan", now) >= 0.5:
+            m.value = math.nan  # answered, yet no number
+            continue
         m.value = lib.t.gpu(g, key, now) * noise(now, g, key) * scale
     return OK

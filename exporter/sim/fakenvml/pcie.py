@@ -40,7 +40,10 @@ def link_width(lib: Library, h: Any, ref: Any) -> int:
 
 @field(*BYTES)
 def bytes_counted(lib: Library, g: int, fid: int, scope: int) -> float | None:
-    return lib.t.gpu_integral(g, BYTES[fid])
+    """nvml.h: "Value can be wrapped"; no width is given, so a scenario picks where."""
+    wrap = lib.t.gpu(g, "pcie_counter_wrap")
+    counted = lib.t.gpu_integral(g, BYTES[fid])
+    return counted % wrap if wrap >= 1 else counted
 
 
 @field(FI_PCIE_REPLAY_COUNTER)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pynvml as N
+
 from exporter.nvml import FI_MEMORY_TEMP
 from exporter.sim.fakenvml.abi import OK, Library, field, out, symbol
 from exporter.sim.gpu_models import POWER_LIMIT_MIN_RATIO
@@ -52,6 +54,22 @@ def total_energy_consumption(lib: Library, h: Any, ref: Any) -> int:
 @symbol("nvmlDeviceGetTemperature")
 def temperature(lib: Library, h: Any, sensor: Any, ref: Any) -> int:
     out(ref).value = round(lib.v(lib.gpu_of(h), "temp_c"))
+    return OK
+
+
+TEMPERATURE_V1 = 0x100000C  # nvmlTemperature_v1: NVML_STRUCT_VERSION(Temperature, 1), 12 bytes
+
+
+@symbol("nvmlDeviceGetTemperatureV")
+def temperature_v(lib: Library, h: Any, ref: Any) -> int:
+    """CUDA 12.8's nvmlTemperature_v1_t {version, sensorType, temperature}; the older call is
+    deprecated from CUDA 13.0."""
+    t = out(ref)
+    if t.version != TEMPERATURE_V1:
+        return N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    if t.sensorType != N.NVML_TEMPERATURE_GPU:
+        return N.NVML_ERROR_INVALID_ARGUMENT
+    t.temperature = round(lib.v(lib.gpu_of(h), "temp_c"))
     return OK
 
 

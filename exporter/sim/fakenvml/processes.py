@@ -41,7 +41,7 @@ def compute_running_processes_v3(lib: Library, h: Any, count: Any, arr: Any) -> 
 def write_records(lib: Library, h: Any, count: Any, arr: Any, record: int) -> int:
     """Records of `record` bytes whatever the caller's array type, as the driver does:
     nvmlProcessInfo_v2_t is 24 bytes (pid, pad, usedGpuMemory, gpuInstanceId,
-    computeInstanceId); R535's _v3 appends usedGpuCcProtectedMemory (32 bytes)."""
+    computeInstanceId); early R535 drivers' _v3 appends usedGpuCcProtectedMemory (32 bytes)."""
     procs = running(lib, lib.gpu_of(h))
     n = out(count)
     if arr is None:
