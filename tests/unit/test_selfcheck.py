@@ -264,7 +264,7 @@ def test_processes_hidden_from_nvidia_smi_are_a_warning(
     code, out = selfcheck(capsys, stand_in(tmp_path, smi_xml(snapshot), []))
     assert code == 0, out
     assert all(f"WARN  GPU {i} processes" in out for i in range(8))
-    assert "PASS: 168 checks, 8 warning(s)" in out
+    assert "PASS: 170 checks, 8 warning(s)" in out
     assert "none of them is visible from here" in out
 
 
