@@ -27,6 +27,8 @@ class Environment:
     enrichers: tuple[Enricher, ...] = ()  # whole-snapshot steps before the engine-GPU join
     before_step: Callable[[], object] | None = None  # in stepped runs, before each cycle
     simulated: bool = False
+    proc_root: str = "/proc"  # where processes' cgroups are read (the simulator's own tree)
+    kubernetes_api: str | None = None  # the API server's URL; None: the in-cluster one
     # Released after NVML is shut down, last started first.
     closers: list[Callable[[], None]] = field(default_factory=list)
 

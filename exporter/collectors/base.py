@@ -84,6 +84,9 @@ class Context:
     # Whether a metric is written at all (the exposure's verdict): a collector may skip
     # reading detail no one sees, as long as what the diagnosis reads stays.
     exposed: Callable[[MetricDef], bool] = lambda metric: True
+    # The Kubernetes owner of a process id, as label pairs (namespace, pod, container, pod
+    # labels); empty when unknown. None: no Kubernetes attribution.
+    owner_of: Callable[[int], tuple[tuple[str, str], ...]] | None = None
 
 
 Factory = Callable[[Context], Collector]

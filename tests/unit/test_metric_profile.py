@@ -237,7 +237,7 @@ def test_an_unknown_family_name_fails_before_anything_starts(tmp_path: Path) -> 
 
 
 def test_profile_setting_and_flags() -> None:
-    with pytest.raises(ConfigError, match=r"metric-profile.*one of .default. or .full."):
+    with pytest.raises(ConfigError, match=r"metric-profile.*one of .default., .shared. or .full."):
         load({"metric_profile": "all"}, env={})
     from exporter.cli import parser, settings_from
 
