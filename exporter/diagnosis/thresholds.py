@@ -167,6 +167,15 @@ class Thresholds:
     # More than one rejection every ten seconds over a minute is not a stray request.
     rejections_min_per_second: float = 0.1
     rejections_hold_s: float = 60.0
+    # A noisy neighbour: another tenant of the engine's GPU (time-slicing, MPS) takes at
+    # least half of the SM time its processes use, or half of the memory in use, while the
+    # engine's median inter-token or first-token latency is 1.5 times its best of the last
+    # ten minutes (or its generation throughput two thirds of its best, with no fewer
+    # requests in flight). Half is where the engine no longer gets its even share of two.
+    neighbour_share_ratio: float = 0.5
+    neighbour_slowdown_factor: float = 1.5
+    neighbour_baseline_s: float = 600.0
+    neighbour_hold_s: float = 60.0
 
     # ---- parallel ---------------------------------------------------------------------
     # In one tensor-parallel group all ranks should be equally busy; a spread of 25

@@ -203,7 +203,12 @@ def test_the_diagnosis_reads_only_default_profile_series_but_nvlink_support(snap
     # Whether a GPU without NVLink lacks it (so a tensor-parallel engine runs over PCIe) is
     # the one input a diagnosis rebuilt from stored default-profile series has to take
     # from the GPU's model instead (docs/fleet.md).
-    assert full_profile_inputs(snapshots) == {"llmgpu_gpu_metric_supported": "GpuState.supported"}
+    # Each process' SM share is the shared profile's (a fleet of shared GPUs stores it): the
+    # noisy-neighbour rule reads it, and finds nothing where a store lacks it.
+    assert full_profile_inputs(snapshots) == {
+        "llmgpu_gpu_metric_supported": "GpuState.supported",
+        "llmgpu_gpu_process_sm_utilization_ratio": "GpuProcess.sm_ratio",
+    }
 
 
 def test_node_readings_are_all_in_the_default_profile() -> None:
