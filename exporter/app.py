@@ -70,6 +70,8 @@ def owners(settings: Settings, env: Environment, closers: list[Callable[[], None
     """The owners of GPUs (kubelet pod resources) and of processes (cgroups and this node's
     pods from the API server), each list refreshed in the background; None when neither
     is asked for."""
+    if settings.pod_labels and not settings.process_owners:
+        raise ConfigError("setting 'pod_labels' needs 'process_owners': the labels come from the pod list")
     if not settings.kubelet_socket and not settings.process_owners:
         return None
     from exporter.k8s.podresources import PodResourcesWatcher  # needs grpcio: only when asked
