@@ -34,7 +34,8 @@ def scenario(gpus: int, tenants: int) -> str:
         f"  - {{name: chat-{g}, gpus: [{g}], gpu_memory_utilization: 0.3}}" for g in range(gpus)
     )
     jobs = "\n".join(
-        f"    - {{name: job-{g}-{t}, gpus: [{g}], namespace: batch, labels: {{team: t{t}}}, sm: 0.05, memory: 0.05}}"
+        f"    - {{name: job-{g}-{t}, gpus: [{g}], namespace: batch, labels: {{team: t{t}}}, "
+        "sm: 0.05, memory: 0.05}"
         for g in range(gpus)
         for t in range(tenants)
     )
@@ -130,9 +131,10 @@ def main() -> None:
     result = {
         "rows": rows,
         "per_process": {
-            "collect_exporter_us": 1000 * slope([(p, r["collect_exporter_ms"]) for p, r in zip(procs, rows)]),
+            "collect_exporter_us": 1000
+            * slope([(p, r["collect_exporter_ms"]) for p, r in zip(procs, rows, strict=True)]),
             "collect_fake_library_us": 1000
-            * slope([(p, r["collect_fake_library_ms"]) for p, r in zip(procs, rows)]),
+            * slope([(p, r["collect_fake_library_ms"]) for p, r in zip(procs, rows, strict=True)]),
             "series_default": slope([(r["processes_per_gpu"], r["series_per_gpu_default"]) for r in rows]),
             "series_shared": slope([(r["processes_per_gpu"], r["series_per_gpu_shared"]) for r in rows]),
         },
