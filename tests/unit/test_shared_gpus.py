@@ -237,3 +237,12 @@ def test_an_ended_tenant_leaves_no_series_at_the_next_cycle(sim) -> None:  # typ
     text = s.text()
     assert 'pod="batch-job"' not in text
     assert "batch-job" not in text
+
+
+def test_a_claimed_gpu_loses_its_owner_when_the_pod_ends(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(DRA.replace("memory: 0.4}", "memory: 0.4, until: 50}"))
+    s.at(45)
+    assert gpu_labels(s.text(), "1")["claim"] == "finetune-gpu"
+    s.at(50)  # the kubelet no longer lists the claim: the next cycle has no owner
+    assert "claim" not in gpu_labels(s.text(), "1") and "pod" not in gpu_labels(s.text(), "1")
+    assert gpu_labels(s.text(), "0")["pod"] == "llama"
