@@ -78,8 +78,8 @@ def owners(settings: Settings, env: Environment, closers: list[Callable[[], None
 
     devices = pods = None
     if settings.kubelet_socket:
-        # every cycle: a pod that ends leaves its GPU's labels at the next one
-        devices = PodResourcesWatcher(settings.kubelet_socket, refresh_s=settings.interval)
+        # every cycle (every second at most): a pod that ends leaves its GPU's labels at the next one
+        devices = PodResourcesWatcher(settings.kubelet_socket, refresh_s=max(settings.interval, 1.0))
         closers.append(devices.stop)
     if settings.process_owners:
         from exporter.k8s.pods import ApiServer, KubernetesConfigError, NodePodsWatcher
