@@ -246,3 +246,23 @@ def test_a_claimed_gpu_loses_its_owner_when_the_pod_ends(sim) -> None:  # type: 
     s.at(50)  # the kubelet no longer lists the claim: the next cycle has no owner
     assert "claim" not in gpu_labels(s.text(), "1") and "pod" not in gpu_labels(s.text(), "1")
     assert gpu_labels(s.text(), "0")["pod"] == "llama"
+
+
+def test_a_driver_before_r550_is_sampled_with_the_older_call(sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(TIME_SLICED.replace("model: L40S}", "model: L40S, driver: R535}"), metric_profile="shared")
+    s.at(10)
+    p = processes(s.at(20))
+    assert {i.process: i.sm_ratio for i in p.items}["batch-job"] == pytest.approx(0.1, abs=0.011)
+    assert s.exporter.nvml._variant["process_utilization"] == 1  # the R550 call is not there
+
+
+def test_a_version_the_driver_refuses_falls_back_to_the_older_call(sim, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from exporter import nvml as nvml_module
+
+    s = sim(TIME_SLICED)
+    monkeypatch.setattr(nvml_module, "PROCESSES_UTILIZATION_INFO_V1", 0x02000018)  # a v2 this driver lacks
+    s.at(10)
+    nvml: Nvml = s.exporter.nvml
+    nvml._variant.pop("process_utilization", None)
+    assert nvml.process_utilization(nvml.handle(0), 0)  # ArgumentVersionMismatch: the older call answered
+    assert nvml._variant["process_utilization"] == 1
