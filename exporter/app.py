@@ -74,12 +74,15 @@ def owners(settings: Settings, env: Environment, closers: list[Callable[[], None
         raise ConfigError("setting 'pod_labels' needs 'process_owners': the labels come from the pod list")
     if not settings.kubelet_socket and not settings.process_owners:
         return None
-    from exporter.k8s.podresources import PodResourcesWatcher  # needs grpcio: only when asked
+    from exporter.k8s.podresources import PodResourcesUnavailableError, PodResourcesWatcher
 
     devices = pods = None
     if settings.kubelet_socket:
         # every cycle (every second at most): a pod that ends leaves its GPU's labels at the next one
-        devices = PodResourcesWatcher(settings.kubelet_socket, refresh_s=max(settings.interval, 1.0))
+        try:
+            devices = PodResourcesWatcher(settings.kubelet_socket, refresh_s=max(settings.interval, 1.0))
+        except PodResourcesUnavailableError as err:  # grpcio or protobuf missing
+            raise ConfigError(f"setting 'kubelet_socket': {err}") from None
         closers.append(devices.stop)
     if settings.process_owners:
         from exporter.k8s.pods import ApiServer, KubernetesConfigError, NodePodsWatcher

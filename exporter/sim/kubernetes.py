@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.k8s.podresources import Claim, encode_list_response
-from exporter.sim.scenario import Timeline
+from exporter.sim.scenario import ScenarioError, Timeline
 from exporter.sim.sharing import SharingSpec, tenant_pid
 
 NODE = "sim-node"
@@ -119,7 +119,13 @@ class SimKubernetes:
     """The kubelet, API server and cgroup files of a simulated node with shared GPUs."""
 
     def __init__(self, timeline: Timeline, uuids: Sequence[str]) -> None:
-        import grpc  # the kubelet's protocol; only for scenarios that share GPUs
+        try:
+            import grpc  # the kubelet's protocol; only for scenarios that share GPUs
+        except ImportError as err:
+            raise ScenarioError(
+                f"scenario {timeline.scenario.name!r} shares GPUs: its simulated kubelet needs grpcio "
+                f"and protobuf ({err})"
+            ) from err
 
         self._timeline = timeline
         self._uuids = list(uuids)
