@@ -14,7 +14,7 @@ from typing import Any
 
 import exporter
 from exporter.gpu_readings import GPU_READINGS
-from exporter.metricdef import MetricDef
+from exporter.metricdef import OWNER_LABELS, MetricDef
 from exporter.snapshot import CollectorStatus, ExporterInfo, GpuUp
 
 GPU_LABELS = ("gpu", "uuid")
@@ -56,6 +56,8 @@ Row = tuple[MetricDef, tuple[str, ...], str]
 def _rows(cls: type[Any], base: tuple[str, ...], family: str) -> Iterator[tuple[Row, type]]:
     fields = dataclasses.fields(cls)
     labels = base + tuple(f.name for f in fields if f.metadata.get("label"))
+    if any(f.metadata.get("labels") for f in fields):
+        labels += OWNER_LABELS
     for f in fields:
         metric = f.metadata.get("metric")
         if metric is not None:

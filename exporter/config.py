@@ -51,6 +51,9 @@ def setting(
 PATH_MAX = 4096  # Linux's PATH_MAX
 URL_MAX = 2048
 NAMES_MAX = 256  # entries of one list setting
+# Pod labels copied onto one series at most: with the most labels a series of the exporter
+# has of its own (docs/kubernetes.md), within the 30 that Mimir takes by default.
+POD_LABELS_MAX = 16
 # One entry of a list setting: a name or a URL.
 Name = Annotated[str, Field(min_length=1, max_length=URL_MAX)]
 Names = Annotated[tuple[Name, ...], NoDecode]  # YAML list, repeated flag, or "a,b" in the environment
@@ -117,8 +120,10 @@ class Settings(BaseSettings):
         metavar="NAME",
         max_length=NAMES_MAX,
     )
-    metric_profile: Literal["default", "full"] = setting(
-        "default", "default (what a fleet stores) or full (per-link and other detail)"
+    metric_profile: Literal["default", "shared", "full"] = setting(
+        "default",
+        "default (what a fleet stores), shared (adds each process' and pod's part of shared GPUs) "
+        "or full (everything: per-link and other detail)",
     )
     metrics_enabled: Names = setting(
         (),
@@ -161,6 +166,23 @@ class Settings(BaseSettings):
     probe_dir: str = path("/run/llm-gpu-exporter/probes", "directory of the allocator probe files")
     probe_max_age: float = setting(120.0, "seconds after which a probe file is stale", ge=1, le=86400)
     kubelet_socket: str | None = path(None, "kubelet pod-resources socket: namespace/pod/container labels")
+    process_owners: bool = setting(
+        False, "name each GPU process' pod and container (needs hostPID, node_name, the API server)"
+    )
+    pod_labels: str | None = setting(
+        None,
+        "regular expression on pod label keys: the labels it matches are copied onto their "
+        "GPUs' and processes' series",
+        metavar="REGEX",
+        min_length=1,
+        max_length=1024,
+    )
+    pod_labels_max: int = setting(
+        POD_LABELS_MAX,
+        "pod labels copied onto a series at most (the rest are left out)",
+        ge=0,
+        le=POD_LABELS_MAX,
+    )
     node_name: str | None = setting(
         None, "this node's name in Kubernetes (default: NODE_NAME)", min_length=1, max_length=253
     )
@@ -196,6 +218,16 @@ class Settings(BaseSettings):
         texts = value if isinstance(value, tuple | list) else (value,)
         if any(isinstance(t, str) and _CONTROL.search(t) for t in texts):
             raise ValueError("text without control characters")
+        return value
+
+    @field_validator("pod_labels")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as err:
+                raise ValueError(f"a regular expression ({err})") from None
         return value
 
     @field_validator("log_level", mode="before")

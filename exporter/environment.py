@@ -58,6 +58,8 @@ class Environment:
     simulated: bool = False
     # Whether NVML's process lists are whole here (see the module docstring); None: unknown.
     host_pid_namespace: bool | None = field(default_factory=host_pid_namespace)
+    proc_root: str = "/proc"  # where processes' cgroups are read (the simulator's own tree)
+    kubernetes_api: str | None = None  # the API server's URL; None: the in-cluster one
     # Released after NVML is shut down, last started first.
     closers: list[Callable[[], None]] = field(default_factory=list)
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from exporter.metricdef import counter, gauge, info, label, nested
+from exporter.metricdef import Labels, counter, gauge, info, label, nested, owner_labels
 
 
 @dataclass(frozen=True)
@@ -410,9 +410,45 @@ class Xid:
 class GpuProcess:
     pid: int = label()
     process: str = label()
+    owner: Labels = owner_labels()  # its pod, from its cgroup (namespace, pod, container, pod labels)
     used_bytes: int | None = gauge(
         "llmgpu_gpu_process_memory_used_bytes",
-        "Memory used by a compute process (nvmlDeviceGetComputeRunningProcesses)",
+        "Memory used by a compute process (nvmlDeviceGetComputeRunningProcesses; under MPS, "
+        "nvmlDeviceGetMPSComputeRunningProcesses)",
+    )
+    sm_ratio: float | None = gauge(
+        "llmgpu_gpu_process_sm_utilization_ratio",
+        "Share of the GPU's SM time the process used over the last sampling window, mean of its "
+        "samples (nvmlDeviceGetProcessesUtilizationInfo, else nvmlDeviceGetProcessUtilization)",
+        profile="shared",
+    )
+    memory_activity_ratio: float | None = gauge(
+        "llmgpu_gpu_process_memory_activity_ratio",
+        "Share of the time the memory controller was busy for the process over the last sampling "
+        "window (the same calls' memUtil)",
+        profile="shared",
+    )
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """One container's part of a shared GPU: its processes added up."""
+
+    owner: Labels = owner_labels()
+    sm_ratio: float | None = gauge(
+        "llmgpu_gpu_pod_sm_utilization_ratio",
+        "Share of the GPU's SM time a container's processes used over the last sampling window "
+        "(their llmgpu_gpu_process_sm_utilization_ratio added up)",
+        profile="shared",
+    )
+    used_bytes: int | None = gauge(
+        "llmgpu_gpu_pod_memory_used_bytes",
+        "Memory a container's processes hold on the GPU (their llmgpu_gpu_process_memory_used_bytes "
+        "added up)",
+        profile="shared",
+    )
+    processes: int | None = gauge(
+        "llmgpu_gpu_pod_processes", "A container's compute processes on the GPU", profile="shared"
     )
 
 
@@ -423,6 +459,7 @@ class Processes:
         "llmgpu_gpu_processes", "Compute processes on the GPU (nvmlDeviceGetComputeRunningProcesses)"
     )
     items: tuple[GpuProcess, ...] = nested(GpuProcess)
+    tenants: tuple[Tenant, ...] = nested(Tenant)  # by container, where processes have an owner
 
 
 @dataclass(frozen=True)

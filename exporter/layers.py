@@ -109,9 +109,9 @@ LAYERS: tuple[Layer, ...] = (
     # ---- the simulator: a fake libnvidia-ml under pynvml, engines, probes, dcgm-exporter
     Layer(
         "sim",
-        "fake NVML library, scenarios, simulated engines and dcgm-exporter",
-        ("nvml",),
-        ("pynvml", "yaml"),
+        "fake NVML library, scenarios, simulated engines, dcgm-exporter and kubelet",
+        ("nvml", "k8s.podresources"),
+        ("pynvml", "yaml", "grpc"),
     ),
     Layer(
         "sim.node",

@@ -16,8 +16,15 @@ Kind = Literal["gauge", "counter", "info", "histogram", "summary"]
 # Which exposition profile a family belongs to: `default` is what a fleet stores (every
 # input of the diagnosis, the dashboards and the rules); `full` adds per-link and other
 # detail. The profile filters exposition only; readings and the diagnosis see everything.
-Profile = Literal["default", "full"]
-PROFILES: tuple[Profile, ...] = ("default", "full")
+# `shared` adds what a fleet of shared GPUs (time-slicing, MPS, DRA shares) picks it for:
+# each process' and each pod's part of a GPU.
+Profile = Literal["default", "shared", "full"]
+PROFILES: tuple[Profile, ...] = ("default", "shared", "full")
+
+
+def in_profile(metric_profile: Profile, exposed: Profile) -> bool:
+    """Whether a family of `metric_profile` is written under the `exposed` profile."""
+    return metric_profile == "default" or exposed == "full" or metric_profile == exposed
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,16 @@ def label(default: Any = dataclasses.MISSING) -> Any:
     return field(default=default, metadata={"label": True})
 
 
+OWNER_LABELS = ("namespace", "pod", "container")  # what an `owner_labels()` field holds, before pod labels
+
+
+def owner_labels() -> Any:
+    """(name, value) label pairs added to every sample of the reading: its Kubernetes owner
+    (OWNER_LABELS, then the pod labels the allow-list copies). They take the place of the
+    same labels inherited from the GPU."""
+    return field(default=(), metadata={"labels": True})
+
+
 def nested(of: type) -> Any:
     """A tuple of sub-readings of class `of` (NVLink links, MIG instances, processes)."""
     return field(default=(), metadata={"nested": True, "of": of})
@@ -92,12 +109,14 @@ def _plan(cls: type[Any]) -> Plan:
     for f in dataclasses.fields(cls):
         if f.metadata.get("label"):
             plan.append((f.name, "label", None))
+        elif f.metadata.get("labels"):
+            plan.append((f.name, "labels", None))
         elif f.metadata.get("nested"):
             plan.append((f.name, "nested", None))
         elif "metric" in f.metadata:
             plan.append((f.name, "metric", f.metadata["metric"]))
     # labels first, so nested and metric fields see them
-    plan.sort(key=lambda p: p[1] != "label")
+    plan.sort(key=lambda p: p[1] not in ("label", "labels"))
     _PLANS[cls] = tuple(plan)
     return _PLANS[cls]
 
@@ -119,7 +138,7 @@ def kept(keep: Callable[[MetricDef], bool]) -> Planner:
             found = plans[cls] = tuple(
                 (attr, role, metric)
                 for attr, role, metric in _plan(cls)
-                if role == "label"
+                if role in ("label", "labels")
                 or (role == "metric" and metric is not None and keep(metric))
                 or (role == "nested" and any(keep(m) for m in metric_defs(nested_of[attr])))
             )
@@ -136,6 +155,8 @@ def samples(reading: object, base: Labels = (), plan: Planner = _plan) -> Iterat
         if role == "label":
             if value is not None:
                 labels = (*labels, (attr, str(value)))
+        elif role == "labels":
+            labels = with_labels(labels, value)
         elif role == "nested":
             for sub in value:
                 yield from samples(sub, labels, plan)
@@ -148,6 +169,14 @@ def samples(reading: object, base: Labels = (), plan: Planner = _plan) -> Iterat
         else:
             assert metric is not None
             yield metric, labels, value
+
+
+def with_labels(labels: Labels, added: Labels) -> Labels:
+    """`labels` with `added` in the place of any of the same names."""
+    if not added:
+        return labels
+    names = {k for k, _ in added}
+    return (*(lv for lv in labels if lv[0] not in names), *added)
 
 
 def metric_defs(cls: type[Any]) -> Iterator[MetricDef]:
@@ -163,7 +192,7 @@ def metric_defs(cls: type[Any]) -> Iterator[MetricDef]:
 def has_value(reading: object) -> bool:
     """True when at least one metric field is provided (not None, not empty)."""
     for attr, role, _ in _plan(type(reading)):
-        if role == "label":
+        if role in ("label", "labels"):
             continue
         value = getattr(reading, attr)
         if value not in (None, (), {}):

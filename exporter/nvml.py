@@ -165,6 +165,51 @@ class _ProcessInfoR535(ctypes.Structure):
     _fields_ = [*_ProcessInfoV2._fields_, ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
 
 
+class _ProcessUtilizationSample(ctypes.Structure):
+    """nvml.h nvmlProcessUtilizationSample_t, what nvmlDeviceGetProcessUtilization writes."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("timeStamp", ctypes.c_ulonglong),  # CPU time, microseconds
+        ("smUtil", ctypes.c_uint),  # percent
+        ("memUtil", ctypes.c_uint),
+        ("encUtil", ctypes.c_uint),
+        ("decUtil", ctypes.c_uint),
+    ]
+
+
+class _ProcessUtilizationInfoV1(ctypes.Structure):
+    """nvml.h nvmlProcessUtilizationInfo_v1_t (R550 and later): the same samples, timestamp first."""
+
+    _fields_ = [
+        ("timeStamp", ctypes.c_ulonglong),
+        ("pid", ctypes.c_uint),
+        ("smUtil", ctypes.c_uint),
+        ("memUtil", ctypes.c_uint),
+        ("encUtil", ctypes.c_uint),
+        ("decUtil", ctypes.c_uint),
+        ("jpgUtil", ctypes.c_uint),
+        ("ofaUtil", ctypes.c_uint),
+    ]
+
+
+class _ProcessesUtilizationInfoV1(ctypes.Structure):
+    """nvml.h nvmlProcessesUtilizationInfo_v1_t, the argument of nvmlDeviceGetProcessesUtilizationInfo."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("processSamplesCount", ctypes.c_uint),
+        ("lastSeenTimeStamp", ctypes.c_ulonglong),
+        ("procUtilArray", ctypes.POINTER(_ProcessUtilizationInfoV1)),
+    ]
+
+
+# NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1): the structure's size | version << 24
+PROCESSES_UTILIZATION_INFO_V1 = ctypes.sizeof(_ProcessesUtilizationInfoV1) | 1 << 24
+# (pid, timestamp in microseconds, SM percent, memory-controller percent)
+ProcessSample = tuple[int, int, int, int]
+MPS_SERVER = "nvidia-cuda-mps-server"  # the MPS control daemon's server: it runs the clients' work
+
 _NOT_AVAILABLE = 0xFFFF_FFFF_FFFF_FFFF  # NVML_VALUE_NOT_AVAILABLE for unsigned long long
 
 
@@ -402,7 +447,15 @@ class Nvml:
         refuse with NVMLLibraryMismatchError. The _v2 symbol has kept one layout on every
         branch: it is called directly here.
         """
-        for symbol in ("nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetComputeRunningProcesses_v3"):
+        return self._running("nvmlDeviceGetComputeRunningProcesses", handle)
+
+    def mps_processes(self, handle: Any) -> list[tuple[int, int | None]] | None:
+        """(pid, used bytes) of each client of the MPS server on this GPU (Volta and later):
+        under MPS the clients' work runs through the server, and this list names them."""
+        return self._running("nvmlDeviceGetMPSComputeRunningProcesses", handle)
+
+    def _running(self, name: str, handle: Any) -> list[tuple[int, int | None]] | None:
+        for symbol in (f"{name}_v2", f"{name}_v3"):
             try:
                 fn = pynvml._nvmlGetFunctionPointer(symbol)
             except pynvml.NVMLError as err:
@@ -411,8 +464,90 @@ class Nvml:
                 raise NvmlError(error_name(err), symbol) from err
             record = _ProcessInfoV2 if symbol.endswith("_v2") else self._v3_record()
             return self._processes(fn, symbol, handle, record)
-        self._log_missing("nvmlDeviceGetComputeRunningProcesses")
+        self._log_missing(name)
         return None
+
+    def process_name(self, pid: int) -> str | None:
+        """The name NVML gives a process (nvmlSystemGetProcessName); None when it cannot tell."""
+        try:
+            name = pynvml.nvmlSystemGetProcessName(pid)
+        except pynvml.NVMLError:
+            return None
+        return decode(name) or None
+
+    def process_utilization(self, handle: Any, since_us: int) -> list[ProcessSample] | None:
+        """Per-process utilization samples taken after `since_us` (a cursor: the greatest
+        timestamp seen so far, 0 for every sample the driver keeps); [] when there are none
+        (NVML_ERROR_NOT_FOUND); None when the GPU cannot tell.
+
+        nvmlDeviceGetProcessesUtilizationInfo (R550) is tried first, then
+        nvmlDeviceGetProcessUtilization; the one this driver takes is remembered. Both are
+        asked once for the count (NVML_ERROR_INSUFFICIENT_SIZE) and again with a buffer.
+        """
+        calls = (
+            ("nvmlDeviceGetProcessesUtilizationInfo", self._utilization_info),
+            ("nvmlDeviceGetProcessUtilization", self._utilization_samples),
+        )
+        for i in range(self._variant.get("process_utilization", 0), len(calls)):
+            symbol, read = calls[i]
+            try:
+                fn = pynvml._nvmlGetFunctionPointer(symbol)
+            except pynvml.NVMLError as err:
+                if err.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    raise NvmlError(error_name(err), symbol) from err
+                self._variant["process_utilization"] = i + 1
+                continue
+            ret, samples = read(fn, handle, since_us)
+            if ret == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+                self._variant["process_utilization"] = i + 1
+                continue
+            self._variant["process_utilization"] = i
+            if ret == pynvml.NVML_SUCCESS:
+                return samples
+            if ret == pynvml.NVML_ERROR_NOT_FOUND:
+                return []
+            if ret == pynvml.NVML_ERROR_NOT_SUPPORTED:
+                return None
+            raise NvmlError(error_name(pynvml.NVMLError(ret)), symbol)
+        self._log_missing("nvmlDeviceGetProcessUtilization")
+        return None
+
+    @staticmethod
+    def _utilization_info(
+        fn: Callable[..., int], handle: Any, since_us: int
+    ) -> tuple[int, list[ProcessSample]]:
+        info = _ProcessesUtilizationInfoV1(PROCESSES_UTILIZATION_INFO_V1, 0, since_us, None)
+        ret = fn(handle, ctypes.byref(info))
+        for _ in range(3):  # processes may start between the two calls
+            if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                break
+            n = info.processSamplesCount * 2 + 5
+            records = (_ProcessUtilizationInfoV1 * n)()
+            info.processSamplesCount = n
+            info.procUtilArray = ctypes.cast(records, ctypes.POINTER(_ProcessUtilizationInfoV1))
+            ret = fn(handle, ctypes.byref(info))
+            if ret == pynvml.NVML_SUCCESS:
+                got = records[: info.processSamplesCount]
+                return ret, [(int(r.pid), int(r.timeStamp), int(r.smUtil), int(r.memUtil)) for r in got]
+        return ret, []
+
+    @staticmethod
+    def _utilization_samples(
+        fn: Callable[..., int], handle: Any, since_us: int
+    ) -> tuple[int, list[ProcessSample]]:
+        count = ctypes.c_uint(0)
+        since = ctypes.c_ulonglong(since_us)
+        ret = fn(handle, None, ctypes.byref(count), since)
+        for _ in range(3):
+            if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                break
+            count.value = count.value * 2 + 5
+            records = (_ProcessUtilizationSample * count.value)()
+            ret = fn(handle, records, ctypes.byref(count), since)
+            if ret == pynvml.NVML_SUCCESS:
+                got = records[: count.value]
+                return ret, [(int(r.pid), int(r.timeStamp), int(r.smUtil), int(r.memUtil)) for r in got]
+        return ret, []
 
     def _v3_record(self) -> type[ctypes.Structure]:
         version = decode(self.query(pynvml.nvmlSystemGetDriverVersion) or "").split(".")

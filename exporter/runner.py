@@ -44,7 +44,7 @@ COUNTERS_KEPT_S = 300.0  # Prometheus' lookback: a stalled collector's counters 
 # the process unhealthy: a restart is the cure a liveness probe can give.
 FAILING_S, FAILING_CYCLES = 30.0, 10
 Enricher = Callable[[Snapshot], tuple[object, ...]]
-Attribution = Callable[[str], Mapping[str, str]]  # GPU uuid -> namespace/pod/container
+Attribution = Callable[[int, str], Mapping[str, str]]  # GPU (index, uuid) -> namespace/pod/container/claim
 
 
 @dataclass
@@ -424,7 +424,7 @@ class Runner:
                     up=up,
                     readings=readings,
                     supported=supported,
-                    attribution=self.attribution(uuid) if self.attribution and uuid else {},
+                    attribution=self.attribution(index, uuid) if self.attribution and uuid else {},
                 )
             )
 

@@ -366,7 +366,11 @@ def run(
     report = Report(source=source, binding=_binding_version())
     # Only the GPU side is checked: no engine scrapes, no kubelet, nothing off this host.
     disabled = tuple(sorted({*settings.collectors_disabled, "engines", "allocator"}))
-    exporter = app.build(replace(settings, collectors_disabled=disabled, kubelet_socket=None))
+    exporter = app.build(
+        replace(
+            settings, collectors_disabled=disabled, kubelet_socket=None, process_owners=False, pod_labels=None
+        )
+    )
     try:
         nvml = exporter.nvml
         with contextlib.suppress(N.NVMLError):  # absent from old drivers

@@ -93,6 +93,9 @@ class Context:
     # Whether the exporter shares the host's PID namespace (exporter/environment.py):
     # outside it NVML lists only the processes visible there. None: /proc cannot tell.
     host_pid_namespace: bool | None = True
+    # The Kubernetes owner of a process id, as label pairs (namespace, pod, container, pod
+    # labels); empty when unknown. None: no Kubernetes attribution.
+    owner_of: Callable[[int], tuple[tuple[str, str], ...]] | None = None
 
 
 Factory = Callable[[Context], Collector]

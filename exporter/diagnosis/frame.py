@@ -11,7 +11,7 @@ makes the frame both from a snapshot (`frame_of`) and from a TSDB's rows (`frame
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, partial
 from typing import Any, TypeVar
 
@@ -113,6 +113,11 @@ class GpuFrame:
     xid_counts: Mapping[int, int] | None = None  # XIDs seen, zero counts left out; None: no XID data
     process_pids: tuple[int, ...] = ()
     process_count: int | None = None
+    # Each process' memory, SM share over the last window (the shared profile; None: not
+    # known) and owner ("namespace/pod", else its name), by pid.
+    process_memory: Mapping[int, float] = field(default_factory=dict)
+    process_sm: Mapping[int, float] | None = None
+    process_owner: Mapping[int, str] = field(default_factory=dict)
     mig_enabled: bool = False
     mig: tuple[MigFrame, ...] = ()
     allocators: tuple[AllocFrame, ...] = ()

@@ -329,6 +329,26 @@ def _numbered(key: str) -> Callable[[Sequence[Row]], tuple[int, ...]]:
     return lambda rows: tuple(sorted({int(v) for lb, _ in rows if (v := label(lb, key)) and v.isdigit()}))
 
 
+def _by_pid(rows: Sequence[Row]) -> dict[int, float]:
+    """The rows' values by their `pid` label."""
+    return {int(v): value for lb, value in rows if (v := label(lb, "pid")) and v.isdigit()}
+
+
+def _by_pid_known(rows: Sequence[Row]) -> dict[int, float] | None:
+    return _by_pid(rows) if rows else None
+
+
+def _owners(rows: Sequence[Row]) -> dict[int, str]:
+    """Each process' owner: `namespace/pod` where it has one, else its name."""
+    out = {}
+    for lb, _ in rows:
+        pid = label(lb, "pid")
+        if pid and pid.isdigit():
+            ns, pod = label(lb, "namespace"), label(lb, "pod")
+            out[int(pid)] = f"{ns}/{pod}" if ns and pod else (label(lb, "process") or f"pid {pid}")
+    return out
+
+
 def _quantile(q: float) -> Callable[[Sequence[Row]], float | None]:
     def pick(rows: Sequence[Row]) -> float | None:
         found = [v for lb, v in rows if _number(label(lb, "quantile")) == q]
@@ -350,6 +370,7 @@ def _config(key: str, fn: Callable[[list[float]], float]) -> Callable[[Sequence[
 # ---- the inputs -------------------------------------------------------------------------
 
 INFO_SRC = Source("llmgpu_gpu_info", INFO)
+PROCESS_MEMORY = Source("llmgpu_gpu_process_memory_used_bytes", ROWS)
 GPU: tuple[Input, ...] = (
     gpu("up", GPU_UP, then=_flag),
     gpu("name", INFO_SRC, then=_info("name")),
@@ -386,8 +407,12 @@ GPU: tuple[Input, ...] = (
     gpu("ecc_uncorrected_total", "llmgpu_gpu_ecc_uncorrected_errors_total"),
     gpu("remap_failed", "llmgpu_gpu_row_remap_failed", then=_flag),
     gpu("xid_counts", Source("llmgpu_gpu_xid_errors_total", NONZERO), then=_xids),
-    gpu("process_pids", Source("llmgpu_gpu_process_memory_used_bytes", ROWS), then=_numbered("pid")),
+    gpu("process_pids", PROCESS_MEMORY, then=_numbered("pid")),
     gpu("process_count", "llmgpu_gpu_processes", then=_int),
+    gpu("process_memory", PROCESS_MEMORY, then=_by_pid),
+    gpu("process_owner", PROCESS_MEMORY, then=_owners),
+    # the shared profile's: a store keeps it where the fleet picked that profile
+    gpu("process_sm", Source("llmgpu_gpu_process_sm_utilization_ratio", ROWS), then=_by_pid_known),
     gpu("mig_enabled", "llmgpu_gpu_mig_enabled", then=_flag),
 )
 MIG: tuple[Input, ...] = (

@@ -10,7 +10,9 @@ likely is each of:
 * budget: usage beyond the engine's own `gpu_memory_utilization` share;
 * fragmentation: the allocator holds free memory only in blocks smaller than a typical
   request, or it had to retry allocations; an allocator OOM already counted scores 1;
-* sharing: several processes on one GPU (outside MIG), each unaware of the other's budget.
+* sharing: several processes on one GPU (outside MIG), each unaware of the other's budget;
+  the reason names the tenant whose memory grows most. Memory the engines' own processes
+  do not hold (another tenant's) is not counted against their budget.
 
 Reasons combine like independent probabilities: risk = 1 - prod(1 - weight_i).
 
@@ -112,7 +114,8 @@ def gpu_engine_risk(
         over = False
         if budgets:
             budget = min(1.0, sum(budgets)) * total
-            excess = used - budget
+            foreign = 0.0 if inst is not None else sum(tenants_memory(g, engines).values())
+            excess = used - foreign - budget
             if excess > th.oom_budget_tolerance_ratio * total and total > budget:
                 over = True
                 weights.append(_clamp(excess / (total - budget)))
@@ -160,7 +163,11 @@ def gpu_engine_risk(
 
     if not g.mig_enabled and g.process_count is not None and g.process_count >= 2:
         weights.append(th.oom_shared_weight)
-        reasons.append(f"{g.process_count} processes share the GPU, each with its own idea of free memory")
+        grower = growing_tenant(history, g, engines, th.oom_trend_window_s)
+        reasons.append(
+            f"{g.process_count} processes share the GPU, each with its own idea of free memory"
+            + (f"; {grower}" if grower else "")
+        )
 
     return OomRisk(
         gpu=str(g.index),
@@ -170,6 +177,39 @@ def gpu_engine_risk(
         reasons=tuple(reasons),
         time_to_full_seconds=None if ttf is None else round(ttf, 1),
     )
+
+
+def tenants_memory(g: GpuFrame, engines: list[EngineFrame]) -> dict[str, float]:
+    """Memory each owner holds on the GPU with processes no engine on it has, by owner."""
+    ours = frozenset().union(*(e.pids for e in engines)) if engines else frozenset()
+    out: dict[str, float] = {}
+    for pid, held in g.process_memory.items():
+        if pid not in ours:
+            owner = g.process_owner.get(pid, f"pid {pid}")
+            out[owner] = out.get(owner, 0.0) + held
+    return out
+
+
+def growing_tenant(history: History, g: GpuFrame, engines: list[EngineFrame], window_s: float) -> str:
+    """'<owner> holds X, +Y in the last N': the other tenant whose memory grew most over the
+    window (the largest, where none grew); empty without one."""
+    now = tenants_memory(g, engines)
+    if not now:
+        return ""
+    growth = {}
+    for owner in now:
+
+        def held(x: GpuFrame, o: str = owner) -> float | None:
+            return tenants_memory(x, engines).get(o)
+
+        series = history.gpu_series(g.index, held, window_s)
+        growth[owner] = series[-1][1] - series[0][1] if len(series) >= 2 else 0.0
+    owner = max(now, key=lambda o: (growth[o], now[o]))
+    grew = growth[owner]
+    text = f"{owner} holds {value_text(now[owner], 'bytes')}"
+    if grew > 0:
+        text += f", {value_text(grew, 'bytes')} more than {duration(window_s)} ago"
+    return text
 
 
 def probe_of(a: AllocFrame, e: EngineFrame, engines: list[EngineFrame]) -> bool:

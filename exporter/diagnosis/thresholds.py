@@ -177,6 +177,16 @@ class Thresholds:
     pd_decode_idle_max_ratio: float = 0.4
     pd_hold_s: float = 120.0
 
+    # A noisy neighbour: another tenant of the engine's GPU (time-slicing, MPS) takes at
+    # least half of the SM time its processes use, or half of the memory in use, while the
+    # engine's median inter-token or first-token latency is 1.5 times its best of the last
+    # ten minutes (or its generation throughput two thirds of its best, with no fewer
+    # requests in flight). Half is where the engine no longer gets its even share of two.
+    neighbour_share_ratio: float = 0.5
+    neighbour_slowdown_factor: float = 1.5
+    neighbour_baseline_s: float = 600.0
+    neighbour_hold_s: float = 60.0
+
     # ---- parallel ---------------------------------------------------------------------
     # In one tensor-parallel group all ranks should be equally busy; a spread of 25
     # points of SM activity (with the busiest above 40 %) marks a straggler.

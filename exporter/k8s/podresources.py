@@ -43,12 +43,28 @@ class PodRef:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """A DRA device in a container's resource claim."""
+
+    name: str
+    namespace: str
+    driver: str
+    pool: str
+    device: str
+
+
+@dataclass(frozen=True)
 class DeviceAssignment:
-    """One device id handed to one container, as the kubelet reports it."""
+    """One device id handed to one container, as the kubelet reports it. A DRA device's id
+    is its device name, and `claim` says which claim it came from."""
 
     resource: str
     device_id: str
     ref: PodRef
+    claim: Claim | None = None
+
+
+DRA_DRIVERS = ("gpu.nvidia.com",)  # DRA drivers whose devices are GPUs
 
 
 def normalize_device_id(device_id: str) -> str:
@@ -101,7 +117,20 @@ def _message_classes() -> dict[str, Any]:
             _field("name", 1, "STRING"),
             _field("devices", 2, "MESSAGE", repeated=True, type_name="ContainerDevices"),
             _field("cpu_ids", 3, "INT64", repeated=True),
+            _field("dynamic_resources", 5, "MESSAGE", repeated=True, type_name="DynamicResource"),
         ],
+        "DynamicResource": [  # field 1 (class_name) is gone from the proto
+            _field("claim_name", 2, "STRING"),
+            _field("claim_namespace", 3, "STRING"),
+            _field("claim_resources", 4, "MESSAGE", repeated=True, type_name="ClaimResource"),
+        ],
+        "ClaimResource": [
+            _field("cdi_devices", 1, "MESSAGE", repeated=True, type_name="CDIDevice"),
+            _field("driver_name", 2, "STRING"),
+            _field("pool_name", 3, "STRING"),
+            _field("device_name", 4, "STRING"),
+        ],
+        "CDIDevice": [_field("name", 1, "STRING")],
         "ContainerDevices": [
             _field("resource_name", 1, "STRING"),
             _field("device_ids", 2, "STRING", repeated=True),
@@ -126,7 +155,9 @@ def _message_classes() -> dict[str, Any]:
 
 
 def decode_list_response(
-    data: bytes, resource_prefixes: Sequence[str] = GPU_RESOURCE_PREFIXES
+    data: bytes,
+    resource_prefixes: Sequence[str] = GPU_RESOURCE_PREFIXES,
+    dra_drivers: Sequence[str] = DRA_DRIVERS,
 ) -> list[DeviceAssignment]:
     """The device assignments in a serialized ``ListPodResourcesResponse``."""
     response = _message_classes()["ListPodResourcesResponse"].FromString(data)
@@ -142,15 +173,29 @@ def decode_list_response(
                     DeviceAssignment(resource=resource, device_id=str(device_id), ref=ref)
                     for device_id in devices.device_ids
                 )
+            for dynamic in container.dynamic_resources:
+                for res in dynamic.claim_resources:
+                    if str(res.driver_name) not in dra_drivers:
+                        continue
+                    claim = Claim(
+                        name=str(dynamic.claim_name),
+                        namespace=str(dynamic.claim_namespace),
+                        driver=str(res.driver_name),
+                        pool=str(res.pool_name),
+                        device=str(res.device_name),
+                    )
+                    out.append(DeviceAssignment(claim.driver, claim.device, ref, claim))
     return out
 
 
 def encode_list_response(
     pods: Iterable[tuple[str, str, Mapping[str, Mapping[str, Sequence[str]]]]],
+    claims: Mapping[tuple[str, str, str], Sequence[Claim]] | None = None,
 ) -> bytes:
     """Serialize a ``ListPodResourcesResponse``: for fake kubelets in tests and the simulator.
 
-    ``pods`` holds ``(namespace, pod, {container: {resource_name: [device ids]}})``.
+    ``pods`` holds ``(namespace, pod, {container: {resource_name: [device ids]}})``;
+    ``claims`` the DRA devices of ``(namespace, pod, container)``, one claim per device.
     """
     classes = _message_classes()
     response = classes["ListPodResourcesResponse"]()
@@ -160,6 +205,14 @@ def encode_list_response(
             container = pod.containers.add(name=container_name)
             for resource_name, device_ids in resources.items():
                 container.devices.add(resource_name=resource_name, device_ids=list(device_ids))
+            for claim in (claims or {}).get((namespace, pod_name, container_name), ()):
+                dynamic = container.dynamic_resources.add(
+                    claim_name=claim.name, claim_namespace=claim.namespace
+                )
+                res = dynamic.claim_resources.add(
+                    driver_name=claim.driver, pool_name=claim.pool, device_name=claim.device
+                )
+                res.cdi_devices.add(name=f"k8s.{claim.driver}/claim={claim.name}-{claim.device}")
     data: bytes = response.SerializeToString()
     return data
 
@@ -213,6 +266,10 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
+Mapping_ = dict[str, tuple[PodRef, ...]]
+Claims = dict[str, Claim]
+
+
 class PodResourcesWatcher:
     """GPU UUID -> owning container, refreshed in the background; lookups never call the kubelet.
 
@@ -230,12 +287,14 @@ class PodResourcesWatcher:
     ) -> None:
         self._client = PodResourcesClient(socket_path, timeout_s=timeout_s)
         self._prefixes = tuple(resource_prefixes)
-        self._refresher: BackgroundRefresher[dict[str, tuple[PodRef, ...]]] = BackgroundRefresher(
-            "pod-resources", self._fetch, {}, refresh_s, start=start
+        self._refresher: BackgroundRefresher[tuple[Mapping_, Claims]] = BackgroundRefresher(
+            "pod-resources", self._fetch, ({}, {}), refresh_s, start=start
         )
 
-    def _fetch(self) -> dict[str, tuple[PodRef, ...]]:
-        return build_mapping(self._client.list(self._prefixes))
+    def _fetch(self) -> tuple[Mapping_, Claims]:
+        assignments = self._client.list(self._prefixes)
+        claims = {normalize_device_id(a.device_id): a.claim for a in assignments if a.claim is not None}
+        return build_mapping(assignments), claims
 
     def refresh(self) -> bool:
         """One List now, on the calling thread; True when it succeeded."""
@@ -243,16 +302,20 @@ class PodResourcesWatcher:
 
     def lookup(self, gpu_uuid: str) -> PodRef | None:
         """The one container holding this GPU or MIG device; None when unknown or shared."""
-        owners = self._refresher.value.get(normalize_device_id(gpu_uuid), ())
+        owners = self._refresher.value[0].get(normalize_device_id(gpu_uuid), ())
         return owners[0] if len(owners) == 1 else None
 
     def lookup_all(self, gpu_uuid: str) -> tuple[PodRef, ...]:
         """Every container holding this device (several when the GPU is time-sliced)."""
-        return self._refresher.value.get(normalize_device_id(gpu_uuid), ())
+        return self._refresher.value[0].get(normalize_device_id(gpu_uuid), ())
+
+    def claim(self, device_id: str) -> Claim | None:
+        """The DRA claim a device came from (a DRA device name: ``gpu-0``)."""
+        return self._refresher.value[1].get(normalize_device_id(device_id))
 
     def mapping(self) -> dict[str, tuple[PodRef, ...]]:
         """A copy of the current device -> owners mapping."""
-        return dict(self._refresher.value)
+        return dict(self._refresher.value[0])
 
     @property
     def stats(self) -> RefreshStats:

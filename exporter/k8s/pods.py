@@ -42,6 +42,7 @@ class PodInfo:
     pod_ip: str | None
     annotations: Mapping[str, str] = field(hash=False)
     containers: tuple[tuple[str, str], ...]
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
     def container_name(self, container_id: str) -> str | None:
         """The name of the container with this id, if it belongs to this pod."""
@@ -125,6 +126,7 @@ def pod_from_json(item: Mapping[str, Any]) -> PodInfo:
             if cid:
                 containers.append((str(entry.get("name", "")), _bare_container_id(str(cid))))
     annotations = metadata.get("annotations") or {}
+    labels = metadata.get("labels") or {}
     return PodInfo(
         namespace=str(metadata.get("namespace", "")),
         name=str(metadata.get("name", "")),
@@ -132,6 +134,7 @@ def pod_from_json(item: Mapping[str, Any]) -> PodInfo:
         pod_ip=status.get("podIP") or None,
         annotations=MappingProxyType({str(k): str(v) for k, v in annotations.items()}),
         containers=tuple(containers),
+        labels=MappingProxyType({str(k): str(v) for k, v in labels.items()}),
     )
 
 
@@ -289,6 +292,11 @@ class NodePodsWatcher:
 
     def by_uid(self, uid: str) -> PodInfo | None:
         return self._refresher.value.get(uid)
+
+    def by_name(self, namespace: str, name: str) -> PodInfo | None:
+        return next(
+            (p for p in self._refresher.value.values() if (p.namespace, p.name) == (namespace, name)), None
+        )
 
     def ref_for(self, pod_uid: str | None, container_id: str | None) -> PodRef | None:
         """The namespace, pod and container of a (pod UID, container id) pair."""

@@ -70,9 +70,10 @@ class Driver:
 
 
 DRIVERS: dict[str, Driver] = {
-    # R470 (CUDA 11.4): before nvmlDeviceGetComputeRunningProcesses_v3 (R510),
-    # nvmlDeviceGetMemoryInfo_v2 (R510), GPM (R525), the ClocksEventReasons name (12.2,
-    # R535; only ...ThrottleReasons here) and nvmlDeviceGetNumaNodeId (binding 12.550).
+    # R470 (CUDA 11.4): before nvmlDeviceGetComputeRunningProcesses_v3 (R510, and its MPS
+    # twin), nvmlDeviceGetMemoryInfo_v2 (R510), GPM (R525), the ClocksEventReasons name
+    # (12.2, R535; only ...ThrottleReasons here), nvmlDeviceGetNumaNodeId (binding 12.550)
+    # and nvmlDeviceGetProcessesUtilizationInfo (R550: nvmlDeviceGetProcessUtilization serves).
     "R470": Driver(
         "R470",
         "470.256.02",
@@ -80,6 +81,8 @@ DRIVERS: dict[str, Driver] = {
         missing=frozenset(
             {
                 "nvmlDeviceGetComputeRunningProcesses_v3",
+                "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+                "nvmlDeviceGetProcessesUtilizationInfo",
                 "nvmlDeviceGetMemoryInfo_v2",
                 "nvmlDeviceGetCurrentClocksEventReasons",
                 "nvmlDeviceGetNumaNodeId",
@@ -96,13 +99,14 @@ DRIVERS: dict[str, Driver] = {
     ),
     # R515 (CUDA 11.7): _v3 processes and nvmlDeviceGetMemoryInfo_v2 (both R510) with
     # 24-byte records; still before GPM (R525), the link-scoped NVLink error fields (R520),
-    # the ClocksEventReasons name and nvmlDeviceGetNumaNodeId.
+    # the ClocksEventReasons name, nvmlDeviceGetNumaNodeId, nvmlDeviceGetProcessesUtilizationInfo.
     "R515": Driver(
         "R515",
         "515.105.01",
         11070,
         missing=frozenset(
             {
+                "nvmlDeviceGetProcessesUtilizationInfo",
                 "nvmlDeviceGetCurrentClocksEventReasons",
                 "nvmlDeviceGetNumaNodeId",
                 "nvmlGpmQueryDeviceSupport",
@@ -118,12 +122,15 @@ DRIVERS: dict[str, Driver] = {
     ),
     # R535 (CUDA 12.2) as first released, 535.54.03: 32-byte _v3 process records (see
     # Driver.process_v3_record; 535.104 and later write 24); no nvmlDeviceGetNumaNodeId
-    # (absent from binding 12.535, whose pynvml.py has no such function).
+    # (absent from binding 12.535, whose pynvml.py has no such function), nor
+    # nvmlDeviceGetProcessesUtilizationInfo (R550, binding 12.550).
     "R535": Driver(
         "R535",
         "535.54.03",
         12020,
-        missing=frozenset({"nvmlDeviceGetNumaNodeId", *NEW_SYMBOLS_R570}),
+        missing=frozenset(
+            {"nvmlDeviceGetNumaNodeId", "nvmlDeviceGetProcessesUtilizationInfo", *NEW_SYMBOLS_R570}
+        ),
         unknown_fields=NEW_IN_R555 | FI_SINCE_R570 | FI_SINCE_R575,
     ),
     "R550": Driver(

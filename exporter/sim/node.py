@@ -77,6 +77,15 @@ def environment(settings: Settings, scenario_clock: Callable[[], float] | None =
             engines = start_sim_engines(timeline)
             env.closers.extend(e.stop for e in engines)
             added["engines"] = (*settings.engines, *(e.target_spec for e in engines))
+        if scenario.sharing is not None:
+            # Shared GPUs: a kubelet, an API server and cgroups of the simulated pods, read
+            # by the exporter's own Kubernetes join.
+            from exporter.sim.kubernetes import NODE, SimKubernetes
+
+            k8s = SimKubernetes(timeline, lib.uuids)
+            env.closers.append(k8s.stop)
+            added.update(kubelet_socket=k8s.socket, process_owners=True, node_name=NODE)
+            env = dataclasses.replace(env, proc_root=k8s.proc_root, kubernetes_api=k8s.api_url)
         dcgm = start_sim_dcgm_exporter(timeline)
         if dcgm is not None:  # the scenario's dcgm-exporter, read like a co-located one
             env.closers.append(dcgm.stop)

@@ -35,6 +35,8 @@ from exporter.sim.scenario_input import (
     read_document,
     value_range,
 )
+from exporter.sim.sharing import SharingSpec
+from exporter.sim.sharing import parse as parse_sharing
 
 
 class ScenarioError(ValueError):
@@ -184,6 +186,7 @@ class Scenario:
     pci_bus_ids: tuple[str, ...] = ()
     steady: bool = False
     processes: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)  # (pid, bytes)
+    sharing: SharingSpec | None = None  # shared GPUs, their tenants and pods (sim/sharing.py)
 
     @property
     def duration(self) -> float:
@@ -339,6 +342,7 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
     if (bad := bad_number(data)) is not None:
         raise fail(bad, "a finite number of sane size (NaN, infinity and over 1e18 are not)")
     known = {"name", "description", "gpus", "phases", "faults", "engines", "mig", "expect", "dcgm_exporter"}
+    known.add("sharing")
     for key in data:
         if key not in known:
             raise ScenarioError(f"{where}: unknown key '{key}' (known: {', '.join(sorted(known))})")
@@ -415,6 +419,7 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
         profile=prof,
         **identities(gpus, count, fail),
         dcgm_exporter=dcgm,
+        sharing=parse_sharing(data.get("sharing"), count, [e.name for e in engines], fail),
     )
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.metricdef import Histogram, Labels, MetricDef, Planner, Profile, kept
+from exporter.metricdef import Histogram, Labels, MetricDef, Planner, Profile, in_profile, kept, with_labels
 from exporter.snapshot import GpuUp, Snapshot
 
 TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -56,7 +56,7 @@ class Exposure:
             elif metric.name in self.enabled:
                 verdict = True
             else:
-                verdict = self.profile == "full" or metric.profile == "default"
+                verdict = in_profile(metric.profile, self.profile)
             self._verdicts[metric.name] = verdict
         return verdict
 
@@ -116,7 +116,7 @@ class _Compiled:
 
     def __init__(self, plan: Planner) -> None:
         self._plan = plan
-        self._labels: dict[type, tuple[str, ...]] = {}
+        self._labels: dict[type, tuple[tuple[str, bool], ...]] = {}  # (field, holds label pairs)
         self._steps: dict[tuple[type, Labels], tuple[Step, ...]] = {}
 
     def chunks(self, reading: object, base: Labels) -> Chunks:
@@ -130,10 +130,14 @@ class _Compiled:
         cls = type(reading)
         own = self._labels.get(cls)
         if own is None:
-            own = self._labels[cls] = tuple(attr for attr, role, _ in self._plan(cls) if role == "label")
-        for attr in own:
+            own = self._labels[cls] = tuple(
+                (attr, role == "labels") for attr, role, _ in self._plan(cls) if role in ("label", "labels")
+            )
+        for attr, pairs in own:
             v = getattr(reading, attr)
-            if v is not None:
+            if pairs:
+                labels = with_labels(labels, v)
+            elif v is not None:
                 labels = (*labels, (attr, str(v)))
         steps = self._steps.get((cls, labels))
         if steps is None:

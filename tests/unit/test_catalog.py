@@ -24,6 +24,10 @@ mig:
   gpus: [1]
   instances: [{profile: 3g.40gb, memory_ratio: 0.5, sms: 60}]
 engines: [{name: e, gpus: [0]}]
+# GPU 0 time-sliced between the engine and a batch job: the per-pod families have owners
+sharing:
+  mode: time-slicing
+  tenants: [{name: batch, gpus: [0], sm: 0.1, memory: 0.05}]
 phases:
   - name: p
     duration: 100

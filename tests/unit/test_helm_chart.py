@@ -587,6 +587,22 @@ def test_attribution_alone_needs_no_api_access(chart: Any) -> None:
     assert "kubelet_socket" in config_of(docs)
 
 
+def test_process_owners_need_the_pod_list_and_host_pids(chart: Any) -> None:
+    values = {"attribution": {"enabled": True, "processes": True, "podLabels": "team|app"}}
+    docs = render(chart, values)
+    pod = daemonset_pod(docs)
+    assert pod["hostPID"] is True and pod["automountServiceAccountToken"] is True
+    assert one(docs, "ClusterRole")["rules"][0]["verbs"] == ["list"]
+    config = config_of(docs)
+    assert (config["process_owners"], config["pod_labels"]) == (True, "team|app")
+    for bad, why in (
+        ({"attribution": {"processes": True}}, "attribution.processes needs attribution.enabled"),
+        ({"attribution": {"enabled": True, "podLabels": "x"}}, "attribution.podLabels needs"),
+    ):
+        with pytest.raises(Exception, match=why):
+            render(chart, bad)
+
+
 def test_discovery_alone_needs_rbac_but_not_host_access(chart: Any) -> None:
     docs = render(chart, {"discovery": {"kubernetes": True}})
     assert_restricted_pod_security(daemonset_pod(docs))

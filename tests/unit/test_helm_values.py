@@ -31,6 +31,8 @@ MANAGED_SETTINGS = {
     "kubelet_socket",
     "web_config_file",
     "node_name",
+    "process_owners",
+    "pod_labels",
 }
 
 

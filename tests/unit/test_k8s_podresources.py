@@ -17,6 +17,7 @@ import pytest
 from exporter.k8s import podresources
 from exporter.k8s.podresources import (
     LIST_METHOD,
+    Claim,
     PodRef,
     PodResourcesUnavailableError,
     PodResourcesWatcher,
@@ -130,6 +131,39 @@ def test_decodes_wire_bytes_with_the_kubelet_field_numbers() -> None:
     assert assignment.resource == "nvidia.com/gpu"
     assert assignment.device_id == GPU0
     assert assignment.ref == PodRef("llm", "vllm-0", "engine")
+
+
+def test_decodes_dra_devices_with_the_kubelet_field_numbers() -> None:
+    # ContainerResources{dynamic_resources=5}, DynamicResource{claim_name=2,
+    # claim_namespace=3, claim_resources=4}, ClaimResource{cdi_devices=1, driver_name=2,
+    # pool_name=3, device_name=4}, CDIDevice{name=1} (the v1 api.proto since Kubernetes 1.31).
+    cdi = _len_field(1, b"k8s.gpu.nvidia.com/claim=abc-gpu-0")
+    resource = _len_field(1, cdi) + _len_field(2, b"gpu.nvidia.com") + _len_field(3, b"node-a")
+    resource += _len_field(4, b"gpu-0")
+    other = _len_field(2, b"net.example.com") + _len_field(4, b"nic-0")  # not a GPU driver
+    dynamic = _len_field(2, b"llama-gpu") + _len_field(3, b"llm") + _len_field(4, resource)
+    dynamic += _len_field(4, other)
+    container = _len_field(1, b"engine") + _len_field(5, dynamic)
+    pod = _len_field(1, b"llama-0") + _len_field(2, b"llm") + _len_field(3, container)
+    (assignment,) = decode_list_response(_len_field(1, pod))
+    assert (assignment.resource, assignment.device_id) == ("gpu.nvidia.com", "gpu-0")
+    assert assignment.ref == PodRef("llm", "llama-0", "engine")
+    assert assignment.claim == Claim("llama-gpu", "llm", "gpu.nvidia.com", "node-a", "gpu-0")
+
+
+def test_watcher_keeps_the_claim_of_a_dra_device(kubelet: FakeKubelet) -> None:
+    claim = Claim("llama-gpu", "llm", "gpu.nvidia.com", "node-a", "gpu-1")
+    kubelet.response = encode_list_response(
+        [("llm", "llama-0", {"engine": {}})], {("llm", "llama-0", "engine"): [claim]}
+    )
+    watcher = PodResourcesWatcher(kubelet.socket_path, refresh_s=60, start=False)
+    try:
+        assert watcher.refresh()
+        assert watcher.lookup("gpu-1") == PodRef("llm", "llama-0", "engine")
+        assert watcher.claim("gpu-1") == claim
+        assert watcher.claim("gpu-0") is None
+    finally:
+        watcher.stop()
 
 
 def test_encode_and_decode_round_trip_filters_non_gpu_resources() -> None:

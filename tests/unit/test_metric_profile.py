@@ -21,6 +21,7 @@ from exporter.config import ConfigError, Settings, load
 from exporter.diagnosis.frame import frame_of
 from exporter.gpu_readings import NvLink, NvLinkPort
 from exporter.metricdef import MetricDef
+from exporter.sim.scenario import builtin_names
 from exporter.snapshot import GpuState, Snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +62,62 @@ def test_default_profile_is_within_budget_on_the_8xh100_node(sim) -> None:  # ty
     full = series_per_gpu(scrape(sim, metric_profile="full"), 8)
     assert 40 < default <= BUDGET, default
     assert full > 200, full  # 18 links x 7 per-link series on an H100, and the rest
+
+
+def shipped_scrape(name: str, **settings: Any) -> tuple[str, int]:
+    """A full scrape of a shipped scenario a minute in (two GPM samples, one processes run)."""
+    from exporter.sim import node
+    from exporter.sim.scenario import load_builtin
+
+    clock = node.ManualClock()
+    exporter = node.build(Settings(simulate=name, collectors_disabled=("allocator",), **settings), clock)
+    try:
+        for t in (0.0, 10.0, 60.0):
+            clock.t = t
+            exporter.step()
+        assert exporter.runner.published is not None
+        return exporter.runner.published.text.decode(), load_builtin(name).gpu_count
+    finally:
+        exporter.close()
+
+
+# The series a GPU carries once per engine or process on it, not once per GPU: the
+# engine-GPU join row, the engine's memory budget and its OOM score (one OOM score is the
+# GPU's own), and each process' memory.
+PER_TENANT = (
+    "llmgpu_engine_gpu_info",
+    "llmgpu_engine_gpu_memory_budget_bytes",
+    "llmgpu_gpu_process_memory_used_bytes",
+)
+OOM = "llmgpu_diagnosis_oom_risk_ratio"
+
+
+def split_per_gpu(text: str, gpus: int) -> tuple[float, float]:
+    """(the GPU's own series, those of the engines and processes on it), per GPU."""
+    lines = [line.split("{", 1)[0] for line in text.splitlines() if GPU_SAMPLE.match(line)]
+    tenants = sum(1 for name in lines if name in PER_TENANT)
+    oom = sum(1 for name in lines if name == OOM)
+    extra_oom = max(0, oom - gpus)
+    return (len(lines) - tenants - extra_oom) / gpus, (tenants + extra_oom) / gpus
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_default_profile_is_within_budget_on_every_shipped_scenario(name: str) -> None:
+    """Each GPU's own series stay within the budget on every shipped scenario; each engine
+    on a GPU adds three (join, budget, OOM score) and each process one, which the budget
+    of a GPU cannot hold for every node: 62 on a GPU with one engine and its worker."""
+    text, gpus = shipped_scrape(name)
+    own, tenants = split_per_gpu(text, gpus)
+    assert own <= BUDGET, own
+    assert own + tenants == series_per_gpu(text, gpus)
+
+
+def test_the_shared_profile_adds_per_process_and_per_pod_series() -> None:
+    default, gpus = shipped_scrape("shared-time-slicing")
+    shared, _ = shipped_scrape("shared-time-slicing", metric_profile="shared")
+    added = series_per_gpu(shared, gpus) - series_per_gpu(default, gpus)
+    # three processes x (SM, memory activity) + three pods x (SM, memory, processes)
+    assert added == 3 * 2 + 3 * 3
 
 
 def test_a_profile_over_budget_is_caught(sim) -> None:  # type: ignore[no-untyped-def]
@@ -203,7 +260,12 @@ def test_the_diagnosis_reads_only_default_profile_series_but_nvlink_support(snap
     # Whether a GPU without NVLink lacks it (so a tensor-parallel engine runs over PCIe) is
     # the one input a diagnosis rebuilt from stored default-profile series has to take
     # from the GPU's model instead (docs/fleet.md).
-    assert full_profile_inputs(snapshots) == {"llmgpu_gpu_metric_supported": "GpuState.supported"}
+    # Each process' SM share is the shared profile's (a fleet of shared GPUs stores it): the
+    # noisy-neighbour rule reads it, and finds nothing where a store lacks it.
+    assert full_profile_inputs(snapshots) == {
+        "llmgpu_gpu_metric_supported": "GpuState.supported",
+        "llmgpu_gpu_process_sm_utilization_ratio": "GpuProcess.sm_ratio",
+    }
 
 
 def test_node_readings_are_all_in_the_default_profile() -> None:
@@ -237,7 +299,7 @@ def test_an_unknown_family_name_fails_before_anything_starts(tmp_path: Path) -> 
 
 
 def test_profile_setting_and_flags() -> None:
-    with pytest.raises(ConfigError, match=r"metric-profile.*one of .default. or .full."):
+    with pytest.raises(ConfigError, match=r"metric-profile.*one of .default., .shared. or .full."):
         load({"metric_profile": "all"}, env={})
     from exporter.cli import parser, settings_from
 

@@ -85,10 +85,13 @@ class Played:
     rebuilt: list[Frame]
 
 
-def play(name: str, step_s: float = STEP_S) -> Played:
+def play(name: str, step_s: float = STEP_S, profile: str = "shared") -> Played:
+    """Live frames and the frames rebuilt from a store of the scrapes, at the `shared`
+    profile by default: the default one and each process' SM share, which the noisy-
+    neighbour rule reads (a store of the default profile has no process_sm: see below)."""
     scenario = load_builtin(name)
     clock = sim_node.ManualClock()
-    exporter = sim_node.build(Settings(simulate=name), clock)
+    exporter = sim_node.build(Settings(simulate=name, metric_profile=profile), clock)  # type: ignore[arg-type]
     node, live = NodeSeries(), []
     try:
         t = 0.0
@@ -318,6 +321,13 @@ def test_every_frame_field_is_declared() -> None:
         }
         fields = {f.name for f in dataclasses.fields(cls)} - identity[scope] - diagnosis
         assert fields == declared, scope
+
+
+def test_a_default_profile_store_has_no_process_sm_share() -> None:
+    played = play("shared-time-slicing", step_s=60.0, profile="default")
+    assert any(g.process_sm for f in played.live for g in f.gpus)
+    assert all(g.process_sm is None for f in played.rebuilt for g in f.gpus)  # absent, not 0
+    assert all(g.process_owner for f in played.rebuilt for g in f.gpus)  # owners ride on memory
 
 
 def test_live_only_inputs_stay_empty_from_a_store(scenarios: dict[str, Played]) -> None:

@@ -8,7 +8,7 @@ from statistics import mean
 
 from exporter.diagnosis.frame import EngineFrame, Frame, GpuFrame
 from exporter.diagnosis.history import History
-from exporter.diagnosis.model import Candidate, Evidence
+from exporter.diagnosis.model import Candidate, Evidence, Unit
 from exporter.diagnosis.rules.base import (
     Th,
     _engine_gpus,
@@ -235,3 +235,109 @@ def prefill_starves_decode(frame: Frame, history: History, th: Th) -> Iterator[C
             f"{p.name}: prefill holds {p.waiting:.0f} waiting requests with its GPUs {_pct(busy)} active, "
             f"while its decode side idles at {_pct(decode_act)}",
         )
+
+
+def _tenants(g: GpuFrame, ours: frozenset[int]) -> tuple[dict[str, float], dict[str, float], float, float]:
+    """(SM share by other owner, memory by other owner, SM of all processes, the engine's SM)."""
+    sm_of = g.process_sm or {}
+    sm: dict[str, float] = {}
+    held: dict[str, float] = {}
+    own_sm = 0.0
+    for pid in {*sm_of, *g.process_memory}:
+        if pid in ours:
+            own_sm += sm_of.get(pid, 0.0)
+            continue
+        owner = g.process_owner.get(pid, f"pid {pid}")
+        sm[owner] = sm.get(owner, 0.0) + sm_of.get(pid, 0.0)
+        held[owner] = held.get(owner, 0.0) + g.process_memory.get(pid, 0.0)
+    return sm, held, sum(sm_of.values()), own_sm
+
+
+def _slowdown(e: EngineFrame, history: History, th: Th) -> tuple[str, float, float] | None:
+    """(what slowed, now, its best over the baseline window) where the engine is slower."""
+    window = th.neighbour_baseline_s
+    for name, now, get in (
+        ("median inter-token latency", e.itl_p50_seconds, lambda x: x.itl_p50_seconds),
+        ("median time to first token", e.ttft_p50_seconds, lambda x: x.ttft_p50_seconds),
+    ):
+        best = min((v for _, v in history.engine_series(e.target, get, window)), default=None)
+        if now is not None and best and now >= th.neighbour_slowdown_factor * best:
+            return name, now, best
+    tps = e.generation_tokens_per_second
+    series = history.engine_series(e.target, lambda x: x.generation_tokens_per_second, window)
+    load = e.running if e.running is not None else 0.0
+    if tps is not None and series:
+        top_t, top = max(series, key=lambda p: p[1])
+        then = history.engine_series(e.target, lambda x: x.running, window)
+        at_top = next((v for t, v in then if t == top_t), None)
+        if top and tps * th.neighbour_slowdown_factor <= top and at_top is not None and load >= at_top:
+            return "generation throughput", tps, top
+    return None
+
+
+@rule(
+    "scheduling/noisy_neighbour",
+    severity="warning",
+    scope="engine",
+    hold="neighbour_hold_s",
+    window="rate_window_s",  # latency medians and a throughput over the last minute
+    title="Another tenant of the GPU slows the engine",
+    condition=(
+        "another owner's processes on the engine's GPU use >= neighbour_share_ratio of the SM time "
+        "used there (or of the memory in use) while the engine's median ITL or TTFT is "
+        ">= neighbour_slowdown_factor x its best over neighbour_baseline_s (or its throughput as "
+        "much below its best, with no fewer requests running)"
+    ),
+    advice=(
+        "Move the neighbour (or the engine) to a GPU of its own, or give the GPU's time to the "
+        "engine: fewer time-slicing replicas, an MPS active-thread percentage for the neighbour, "
+        "a MIG instance each; schedule the batch work outside the engine's busy hours."
+    ),
+)
+def noisy_neighbour(frame: Frame, history: History, th: Th) -> Iterator[Candidate]:
+    for e in frame.engines:
+        if not e.up or not e.pids:
+            continue  # its processes are needed to tell it from its neighbours
+        slow = _slowdown(e, history, th)
+        if slow is None:
+            continue
+        for g in _engine_gpus(frame, e):
+            if g.mig_enabled:
+                continue  # MIG instances have SMs and memory of their own
+            sm, held, all_sm, own_sm = _tenants(g, e.pids)
+            used = sum(g.process_memory.values())
+            heavy = [
+                o
+                for o in sm
+                if (all_sm and sm[o] >= th.neighbour_share_ratio * all_sm)
+                or (used and held[o] >= th.neighbour_share_ratio * used)
+            ]
+            if not heavy:
+                continue
+            who = max(heavy, key=lambda o: (sm[o], held[o]))
+            mine = {g.process_owner.get(p, "") for p in e.pids if p in g.process_owner} - {""}
+            engine_owner = ", ".join(sorted(mine)) or e.name
+            what, now, best = slow
+            unit: Unit = "per_second" if what == "generation throughput" else "seconds"
+            yield Candidate(
+                engine_subject(e),
+                (
+                    Evidence("neighbour", who),
+                    Evidence(
+                        "neighbour's share of the SM time used",
+                        sm[who] / all_sm if all_sm else None,
+                        "ratio",
+                        f">= {_pct(th.neighbour_share_ratio)}",
+                    ),
+                    Evidence("neighbour's memory", held[who], "bytes"),
+                    Evidence("engine", engine_owner),
+                    Evidence(
+                        "engine's share of the SM time used", own_sm / all_sm if all_sm else None, "ratio"
+                    ),
+                    Evidence(what, now, unit),
+                    Evidence(f"best {what} in {th.neighbour_baseline_s / 60:.0f} min", best, unit),
+                ),
+                f"{e.name} ({engine_owner}) slowed: {what} {now / best:.1f}x its best while {who} "
+                f"takes {_pct(sm[who] / all_sm if all_sm else 0.0)} of GPU {g.index}'s SM time",
+            )
+            break

@@ -43,7 +43,7 @@ app.kubernetes.io/component: exporter
 
 {{/* "true" when the exporter talks to the API server: engine discovery through pods. */}}
 {{- define "llm-gpu-exporter.needsApi" -}}
-{{- if .Values.discovery.kubernetes -}}true{{- end -}}
+{{- if or .Values.discovery.kubernetes (and .Values.attribution.enabled .Values.attribution.processes) -}}true{{- end -}}
 {{- end -}}
 
 {{- define "llm-gpu-exporter.image" -}}
@@ -81,6 +81,12 @@ app.kubernetes.io/component: exporter
 -}}
 {{- if .Values.attribution.enabled -}}
 {{- $_ := set $managed "kubelet_socket" (printf "%s/kubelet.sock" (trimSuffix "/" .Values.attribution.podResourcesDir)) -}}
+{{- if .Values.attribution.processes -}}
+{{- $_ := set $managed "process_owners" true -}}
+{{- if .Values.attribution.podLabels -}}
+{{- $_ := set $managed "pod_labels" .Values.attribution.podLabels -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- if .Values.webConfig.existingSecret -}}
 {{- $_ := set $managed "web_config_file" (printf "/etc/llm-gpu-exporter/web/%s" .Values.webConfig.key) -}}
@@ -89,6 +95,12 @@ app.kubernetes.io/component: exporter
 {{- end -}}
 
 {{- define "llm-gpu-exporter.validate" -}}
+{{- if and .Values.attribution.processes (not .Values.attribution.enabled) -}}
+{{- fail "attribution.processes needs attribution.enabled (hostPID and the kubelet socket)" -}}
+{{- end -}}
+{{- if and .Values.attribution.podLabels (not .Values.attribution.processes) -}}
+{{- fail "attribution.podLabels needs attribution.processes: pod labels come from the API server's pod list" -}}
+{{- end -}}
 {{- if and .Values.serviceMonitor.enabled (not .Values.service.enabled) -}}
 {{- fail "serviceMonitor.enabled needs service.enabled: the ServiceMonitor selects the Service (or use podMonitor)" -}}
 {{- end -}}
