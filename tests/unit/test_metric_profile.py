@@ -101,6 +101,7 @@ def split_per_gpu(text: str, gpus: int) -> tuple[float, float]:
     return (len(lines) - tenants - extra_oom) / gpus, (tenants + extra_oom) / gpus
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", builtin_names())
 def test_default_profile_is_within_budget_on_every_shipped_scenario(name: str) -> None:
     """Each GPU's own series stay within the budget on every shipped scenario; each engine
@@ -112,6 +113,7 @@ def test_default_profile_is_within_budget_on_every_shipped_scenario(name: str) -
     assert own + tenants == series_per_gpu(text, gpus)
 
 
+@pytest.mark.slow
 def test_the_shared_profile_adds_per_process_and_per_pod_series() -> None:
     default, gpus = shipped_scrape("shared-time-slicing")
     shared, _ = shipped_scrape("shared-time-slicing", metric_profile="shared")

@@ -14,6 +14,8 @@ from exporter.gpu_readings import Processes
 from exporter.nvml import Nvml
 from exporter.sim import fakenvml
 
+pytestmark = pytest.mark.slow  # plays scenarios with a fake kubelet: `make unit` leaves it out
+
 pytest.importorskip("grpc")
 
 TIME_SLICED = """
