@@ -340,6 +340,10 @@ def running(tmp: Path) -> Iterator[TsdbLab]:
                     f"-remoteWrite.url={vm_url}",
                     f"-notifier.url={sink.url}",
                     "-evaluationInterval=2s",
+                    # recordings reach the store at once (the default buffers them 5 s), so a
+                    # recording of a recording lags one evaluation, not three
+                    "-remoteWrite.flushInterval=200ms",
+                    "-datasource.queryTimeAlignment=false",
                     f"-httpListenAddr=127.0.0.1:{vmalert_port}",
                     "-loggerLevel=ERROR",
                 ],
