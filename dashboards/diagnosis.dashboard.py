@@ -439,6 +439,21 @@ scheduling = Row(
             threshold=TH.rejections_min_per_second,
         ),
         timeseries(
+            "Evidence: tenants of a shared GPU (scheduling/noisy_neighbour)",
+            f"The memory each process holds on its GPU (rule: another owner at "
+            f"{pct(TH.neighbour_share_ratio)} or more of the memory in use, or of the SM time, which the "
+            f"shared metric profile exports) beside each engine's median inter-token latency (rule: "
+            f"{TH.neighbour_slowdown_factor:g} times its best of the last "
+            f"{TH.neighbour_baseline_s / 60:g} min).",
+            [
+                q(f"llmgpu_gpu_process_memory_used_bytes{{{GPU}}}", "GPU {{gpu}} {{process}} ({{pid}})"),
+                q(
+                    f'llmgpu_engine_inter_token_latency_quantile_seconds{{{ENG}, {Q1M}, quantile="0.5"}}',
+                    "{{target}} ITL p50",
+                ),
+            ],
+        ),
+        timeseries(
             "Evidence: prefill and decode (scheduling/prefill_starves_decode)",
             "Prefill/decode disaggregation (SGLang): SM activity of each engine's GPUs (rule: prefill at "
             f"{pct(TH.pd_prefill_busy_min_ratio)} or more, decode under {pct(TH.pd_decode_idle_max_ratio)}), "

@@ -366,7 +366,11 @@ interconnect = Row(
             "its peers keep theirs is a link failure; a sleeping link is not down.",
             [
                 q(f"llmgpu_gpu_nvlink_links_up{{{GPU}}}", "GPU {{gpu}}"),
-                q(f"llmgpu_gpu_nvlink_links_sleeping{{{GPU}}} > 0", "GPU {{gpu}} asleep"),
+                q(
+                    f"llmgpu_gpu_nvlink_links_sleeping{{{GPU}}} > 0",
+                    "GPU {{gpu}} asleep",
+                    scenarios=("nvlink-imbalance",),
+                ),
                 q(f"max(llmgpu_gpu_nvlink_links{{{GPU}}})", "links"),
             ],
         ),
