@@ -180,12 +180,18 @@ def gpu_engine_risk(
 
 
 def tenants_memory(g: GpuFrame, engines: list[EngineFrame]) -> dict[str, float]:
-    """Memory each owner holds on the GPU with processes no engine on it has, by owner."""
+    """Memory each other tenant holds on the GPU, by owner: processes with an owner that no
+    engine process on it has. A process without an owner may be an engine's own (a worker
+    of an engine that is down, one the process tree missed), and where the engines'
+    processes are unknown (stored series carry no engine pids) nothing is told apart."""
     ours = frozenset().union(*(e.pids for e in engines)) if engines else frozenset()
+    if not ours:
+        return {}
+    our_owners = {g.process_owner[pid] for pid in ours if pid in g.process_owner}
     out: dict[str, float] = {}
     for pid, held in g.process_memory.items():
-        if pid not in ours:
-            owner = g.process_owner.get(pid, f"pid {pid}")
+        owner = g.process_owner.get(pid)
+        if pid not in ours and owner is not None and owner not in our_owners:
             out[owner] = out.get(owner, 0.0) + held
     return out
 

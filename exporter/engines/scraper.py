@@ -41,6 +41,9 @@ DISCOVERY_S = 30.0  # seconds between discovery rounds
 TREE_REFRESH_S = 15.0  # seconds between re-reads of an engine's process tree
 GRACE_S = 600.0  # a discovered target that vanished is kept (up=0) this long
 MIN_WAIT_S = 0.05  # the shortest wait between two scrapes of one target, in wall seconds
+# The API server's CPU from its own counter is a rate over at least this long: between two
+# scrapes a second apart the counter's and the clock's jitter would be the figure.
+API_CPU_WINDOW_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,8 @@ class _State:
     tree_at: float = -1e18  # monotonic time of the last tree read
     numa: tuple[int, ...] | None = None  # NUMA nodes of the engine's CPUs
     cpu: process_tree.CpuSampler = field(default_factory=process_tree.CpuSampler)
-    api_cpu_last: tuple[float, float] | None = None  # (clock, process_cpu_seconds_total)
+    # (clock, process_cpu_seconds_total) since the newest at least API_CPU_WINDOW_S old
+    api_cpu: list[tuple[float, float]] = field(default_factory=list)
     missing_since: float | None = None  # monotonic, for discovered targets
     logged: str | None = None  # the state last logged: "up" or a scrape error's reason
     reading: EngineTargetReading | None = None
@@ -237,10 +241,15 @@ class EngineScraper:
         cpu = state.cpu.sample(state.tree, now) if state.tree else {}
         seconds = norm.process_cpu_seconds if norm is not None else None
         if seconds is not None:
-            last = state.api_cpu_last
-            state.api_cpu_last = (now, seconds)
-            if "api_server" not in cpu and last is not None and now > last[0] and seconds >= last[1]:
-                cpu["api_server"] = (seconds - last[1]) / (now - last[0])
+            kept = state.api_cpu
+            if kept and seconds < kept[-1][1]:  # the counter went back: a restart
+                kept.clear()
+            kept.append((now, seconds))
+            while len(kept) > 2 and kept[1][0] <= now - API_CPU_WINDOW_S:
+                del kept[0]
+            t0, s0 = kept[0]
+            if "api_server" not in cpu and now > t0:
+                cpu["api_server"] = (seconds - s0) / (now - t0)
         return cpu
 
     def _publish(
