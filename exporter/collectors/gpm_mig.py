@@ -48,14 +48,8 @@ class GpmMigCollector(GpuCollector):
     def _gpu_instances(self, h: Any) -> list[int]:
         """Ids of the GPU instances with a compute instance: their MIG devices' parents."""
         ids: set[int] = set()
-        for slot in range(self.query(N.nvmlDeviceGetMaxMigDeviceCount, h) or 0):
-            try:
-                mh = self.nvml.query(N.nvmlDeviceGetMigDeviceHandleByIndex, h, slot)
-            except NvmlError as err:
-                if err.name != "NotFound":  # NotFound: an empty slot
-                    self.failed(err)
-                continue
-            gi = None if mh is None else self.query(N.nvmlDeviceGetGpuInstanceId, mh)
+        for mh in self.mig_devices(h):
+            gi = self.query(N.nvmlDeviceGetGpuInstanceId, mh)
             if gi is not None:
                 ids.add(int(gi))
         return sorted(ids)

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from exporter.collectors.base import Collector, Context, Output
 from exporter.metricdef import has_value
 from exporter.nvml import DEVICE_GONE, INVALID_ARGUMENT, RELOADED, UNANSWERED, Nvml, NvmlError
+from exporter.nvml import const as N
 
 log = logging.getLogger(__name__)
 HELD_S = 10.0  # collector-clock seconds a `held` value is kept before it is read again
@@ -96,6 +97,18 @@ class GpuCollector(Collector):
 
     def query_versioned(self, key: str, variants: list[Callable[[], Any]]) -> Any:
         return self._guard(lambda: self.nvml.query_versioned(key, variants))
+
+    def mig_devices(self, h: Any) -> Iterator[Any]:
+        """The MIG device handles under a parent; an empty slot answers NotFound."""
+        for slot in range(self.query(N.nvmlDeviceGetMaxMigDeviceCount, h) or 0):
+            try:
+                mh = self.nvml.query(N.nvmlDeviceGetMigDeviceHandleByIndex, h, slot)
+            except NvmlError as err:
+                if err.name != "NotFound":
+                    self.failed(err)
+                continue
+            if mh is not None:
+                yield mh
 
     def held(self, index: int, what: str, read: Callable[[], Any]) -> Any:
         """What `read()` gave less than HELD_S ago on this GPU, else what it gives now."""

@@ -7,8 +7,8 @@ from typing import Any
 from exporter.collectors.base import Context, register
 from exporter.collectors.gpu import GpuCollector
 from exporter.gpu_readings import Mig, MigInstance
-from exporter.nvml import NvmlError, decode
 from exporter.nvml import const as N
+from exporter.nvml import decode
 
 
 class MigCollector(GpuCollector):
@@ -23,15 +23,7 @@ class MigCollector(GpuCollector):
         if not mode[0]:
             return Mig(enabled=0)
         instances = []
-        for slot in range(q(N.nvmlDeviceGetMaxMigDeviceCount, h) or 0):
-            try:
-                mh = self.nvml.query(N.nvmlDeviceGetMigDeviceHandleByIndex, h, slot)
-            except NvmlError as err:
-                if err.name != "NotFound":  # NotFound: an empty slot
-                    self.failed(err)
-                continue
-            if mh is None:
-                continue
+        for mh in self.mig_devices(h):
             memory = q(N.nvmlDeviceGetMemoryInfo, mh)
             attrs = q(N.nvmlDeviceGetAttributes, mh)
             instances.append(
