@@ -86,7 +86,9 @@ class GpuCollector(Collector):
         self._failed_calls[(err.function, err.name)] += 1
         if (err.function, err.name) not in self._logged:
             self._logged.add((err.function, err.name))
-            log.warning("%s: %s failed (%s); its values stay absent", self.name, err.function, err.name)
+            # InvalidArgument here is a link or counter the part lacks: an answer, not a fault
+            level = logging.INFO if err.name == INVALID_ARGUMENT else logging.WARNING
+            log.log(level, "%s: %s failed (%s); its values stay absent", self.name, err.function, err.name)
 
     def query(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`Nvml.query`, with a function-level error turned into an absent value."""

@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def served(
     port: int, *flags: str, scenario: str = "healthy", env: Mapping[str, str] | None = None
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """A simulated node served on 127.0.0.1:port, with the first line it printed
-    ("serving http(s)://...", printed just before the socket opens); stopped on exit if it
-    still runs."""
+    """A simulated node served on 127.0.0.1:port, with the line it printed when set up
+    ("llm-gpu-exporter V serving http(s)://...", just before the socket opens; empty if it ended first);
+    stopped on exit if it still runs."""
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "exporter.cli", "serve", "--simulate", scenario),
@@ -33,7 +33,11 @@ def served(
     )
     try:
         assert proc.stdout is not None
-        yield proc, proc.stdout.readline()
+        # log lines may come first; the "serving" line is printed once the server is set up
+        line = proc.stdout.readline()
+        while line and " serving " not in line:
+            line = proc.stdout.readline()
+        yield proc, line
     finally:
         if proc.poll() is None:
             proc.terminate()
