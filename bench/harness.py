@@ -171,6 +171,7 @@ def start_ours(scenario: Path, logdir: Path) -> Server:
     port = free_port()
     args = ["-m", "exporter.cli", "serve", "--scenario-file", str(scenario)]
     args += ["--listen", f"127.0.0.1:{port}", "--interval", "1"]
+    args += ["--speed", "1"]  # real time, as on a node: a simulation samples per scenario second
     server = start("llm-gpu-exporter", args, port, logdir)
     server.settle_s = SETTLE_S
     return server

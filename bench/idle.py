@@ -71,6 +71,7 @@ def serve(name: str, root: Path, scenario: Path, logdir: Path) -> Server:
     env = dict(os.environ, PYTHONPATH=str(root), PYTHONUNBUFFERED="1")
     args = ["-m", "exporter.cli", "serve", "--scenario-file", str(scenario)]
     args += ["--listen", f"127.0.0.1:{port}", "--interval", "1"]
+    args += ["--speed", "1"]  # real time, as on a node: a simulation samples per scenario second
     log = logdir / f"{name}.log"
     with log.open("wb") as sink:
         proc = subprocess.Popen(
